@@ -1,0 +1,478 @@
+"""
+The GPT of nanoFFN: nanoGPT's model with a swappable feed-forward layer (any variant of activations.FFN_VARIANTS)
+and an optional toy Mixture-of-Experts of those FFNs. Read top to bottom:
+    GPTConfig -> norms, RoPE, attention -> FFN -> MoE -> Block -> GPT (init, forward, reports, optimizer, generate).
+References: nanoGPT (github.com/karpathy/nanoGPT) for everything not about the FFN; SPEC §2–§4 for the FFN and MoE.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from activations import FFN_VARIANTS as _VARIANTS, LA, MoA, Poly, glu
+
+FFN_VARIANTS = sorted(_VARIANTS)
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 256
+    vocab_size: int = 50257  # the real vocabulary; embeddings are padded to a multiple of 64 for fast matmuls
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384
+    dropout: float = 0.0
+    bias: bool = False
+    norm: str = "rmsnorm"  # rmsnorm | layernorm
+    pos: str = "rope"  # rope | learned
+    # feed-forward
+    ffn: str = "gelu"  # a name of activations.FFN_VARIANTS
+    ffn_mult: float = 4.0  # non-gated hidden width m = ffn_mult·d; gated variants use ≈ 2/3 of it (same weights)
+    poly_order: int = 3  # r of PolyReLU / PolyNorm (2–4)
+    act_dict: str = "identity,relu,relu2,gelu,silu,tanh"  # LA / MoA dictionary
+    la_init: str = "mean"  # mean | sum | onehot:NAME  (glu: 'A/B' for gate/up branch)
+    moa_gate: str = "sigmoid"  # sigmoid | softmax | tanh
+    # toy mixture of experts (n_expert = 0: dense)
+    n_expert: int = 0
+    top_k: int = 2
+    moe_every: int = 1  # MoE in blocks 0, moe_every, 2·moe_every, …
+    expert_hidden: int = 0  # 0: the dense width / top_k, so active FFN weights match the dense model
+    aux_loss_weight: float = 0.01
+    z_loss_weight: float = 0.001
+
+    def __post_init__(self):
+        if self.ffn not in _VARIANTS:
+            raise ValueError(f"unknown ffn {self.ffn!r}; choose one of: {', '.join(FFN_VARIANTS)}")
+        if self.norm not in ("rmsnorm", "layernorm") or self.pos not in ("rope", "learned"):
+            raise ValueError("norm must be rmsnorm or layernorm, pos must be rope or learned")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if self.n_expert and not 1 <= self.top_k <= self.n_expert:
+            raise ValueError(f"top_k={self.top_k} must be between 1 and n_expert={self.n_expert}")
+
+    @property
+    def padded_vocab_size(self):
+        return (self.vocab_size + 63) // 64 * 64
+
+    @property
+    def ffn_kind(self):
+        return _VARIANTS[self.ffn][0]
+
+    @property
+    def ffn_hidden(self):
+        """m for the dense FFN: ffn_mult·d, or round(2/3·ffn_mult·d) for gated variants (3·d·m ≈ 2·d·ffn_mult·d)."""
+        m = int(self.ffn_mult * self.n_embd)
+        return round(2 * m / 3) if self.ffn_kind == "glu" else m
+
+    @property
+    def moe_hidden(self):
+        """Expert width: expert_hidden, or the dense width / top_k rounded to a multiple of 8 (grouped_mm alignment)."""
+        return self.expert_hidden or max(8, round(self.ffn_hidden / self.top_k / 8) * 8)
+
+
+def make_norm(config):
+    return nn.RMSNorm(config.n_embd, eps=1e-6) if config.norm == "rmsnorm" else nn.LayerNorm(config.n_embd, bias=config.bias)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Attention
+
+
+def rope_tables(head_dim, block_size, base=10000.0):
+    """cos/sin tables of rotary position embeddings (Su et al. 2021), rotating pairs (i, i + head_dim/2)."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(block_size).float(), inv_freq)  # (T, head_dim/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos[: x.shape[-2]].to(x.dtype), sin[: x.shape[-2]].to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n_head, self.dropout = config.n_head, config.dropout
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.rope = config.pos == "rope"
+        if self.rope:
+            cos, sin = rope_tables(config.n_embd // config.n_head, config.block_size)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.rope:
+            q, k = apply_rope(q, self.cos, self.sin), apply_rope(k, self.cos, self.sin)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Feed-forward
+
+
+def make_activations(config):
+    """The layer's activation(s): (gate-branch act, up-branch act or None). One set per layer, shared by experts."""
+    kind, make_gate_act, make_up_act = _VARIANTS[config.ffn]
+    return make_gate_act(config, 0), (make_up_act(config, 1) if kind == "glu" else None)
+
+
+def apply_activation(act, act_up, x, h_gate, h_up):
+    """mlp: φ(h); glu: φ_gate(h_gate) ⊙ φ_up(h_up). x is the FFN input, used by MoA's per-token gates."""
+    if act_up is None:
+        return act(h_gate, act.context(x))
+    return glu(act, act_up, h_gate, h_up, act.context(x), act_up.context(x))
+
+
+class FFN(nn.Module):
+    """mlp: y = W_down φ(W_up x);  glu: y = W_down (φ(W_gate x) ⊙ φ_up(W_up x))  (SPEC §2)."""
+
+    def __init__(self, config):
+        super().__init__()
+        m, d = config.ffn_hidden, config.n_embd
+        self.act, self.act_up = make_activations(config)
+        self.w_gate = nn.Linear(d, m, bias=config.bias) if self.act_up is not None else None
+        self.w_up = nn.Linear(d, m, bias=config.bias)
+        self.w_down = nn.Linear(m, d, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        if self.w_gate is None:
+            h = apply_activation(self.act, None, x, self.w_up(x), None)
+        else:
+            h = apply_activation(self.act, self.act_up, x, self.w_gate(x), self.w_up(x))
+        return self.dropout(self.w_down(h)), torch.zeros(2, device=x.device)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Toy Mixture of Experts (SPEC §4)
+
+
+def _grouped_mm_ok(a, w):
+    # grouped_mm wants fp32/bf16 (bf16 only on CUDA) and 16-byte aligned rows
+    if not hasattr(F, "grouped_mm") or a.dtype != w.dtype:
+        return False
+    if a.dtype not in ((torch.bfloat16,) if a.is_cuda else (torch.float32, torch.bfloat16)):
+        return False
+    return all(s * a.element_size() % 16 == 0 for s in (a.shape[-1], w.shape[-1]))
+
+
+def _group_sizes(offs):
+    return torch.diff(offs, prepend=offs.new_zeros(1)).tolist()
+
+
+# The expert matmul is a custom op so that torch.compile sees one opaque node with a known output shape: Inductor's
+# fake-tensor rule for grouped_mm accepts only bf16, and the per-expert loop needs the group sizes on the host (a
+# graph break). Inside the op both are plain eager code.
+@torch.library.custom_op("nanoffn::expert_mm", mutates_args=())
+def expert_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, grouped: bool) -> torch.Tensor:
+    """Rows of `a` sorted by expert (group e = rows offs[e-1]:offs[e]) times that expert's w[e] (E, in, out)."""
+    if grouped and _grouped_mm_ok(a, w):
+        return F.grouped_mm(a, w, offs=offs)
+    return torch.cat([ae @ we for ae, we in zip(a.split(_group_sizes(offs)), w.unbind(0))])  # fallback loop
+
+
+@torch.library.custom_op("nanoffn::expert_mm_weight_grad", mutates_args=())
+def expert_mm_weight_grad(a: torch.Tensor, grad: torch.Tensor, offs: torch.Tensor, grouped: bool) -> torch.Tensor:
+    """∂L/∂w[e] = a_eᵀ · grad_e for every expert e: (E, in, out)."""
+    if grouped and _grouped_mm_ok(a, grad):
+        return F.grouped_mm(a.t(), grad, offs=offs)
+    sizes = _group_sizes(offs)
+    return torch.stack([ae.t() @ ge for ae, ge in zip(a.split(sizes), grad.split(sizes))])
+
+
+@expert_mm.register_fake
+def _(a, w, offs, grouped):
+    return a.new_empty(a.shape[0], w.shape[-1])
+
+
+@expert_mm_weight_grad.register_fake
+def _(a, grad, offs, grouped):
+    return a.new_empty(offs.shape[0], a.shape[-1], grad.shape[-1])
+
+
+def _expert_mm_setup(ctx, inputs, output):
+    a, w, offs, grouped = inputs
+    ctx.save_for_backward(a, w, offs)
+    ctx.grouped = grouped
+
+
+def _expert_mm_backward(ctx, grad):
+    a, w, offs = ctx.saved_tensors
+    grad = grad.contiguous()
+    grad_a = expert_mm(grad, w.transpose(1, 2).contiguous(), offs, ctx.grouped)
+    return grad_a, expert_mm_weight_grad(a, grad, offs, ctx.grouped), None, None
+
+
+expert_mm.register_autograd(_expert_mm_backward, setup_context=_expert_mm_setup)
+
+
+def expert_matmul(a, w, offs, grouped=True):
+    """expert_mm under autocast: both operands in the autocast dtype (custom ops are not autocast by torch)."""
+    if torch.is_autocast_enabled(a.device.type):
+        dt = torch.get_autocast_dtype(a.device.type)
+        a, w = a.to(dt), w.to(dt)
+    return expert_mm(a, w, offs, grouped)
+
+
+class MoE(nn.Module):
+    """
+    Dropless top-k mixture of FFN experts of the configured variant.
+      router (fp32, no bias): z = W_r x, p = softmax(z), keep the top-k, renormalise their weights to sum to 1;
+      dispatch: sort the (token, expert) pairs by expert and run each expert's rows as one grouped matmul;
+      y(x) = Σ_{e in top-k} w_e · FFN_e(x).
+    The activation's learnable coefficients are shared by the experts of a layer, and MoA's gates are computed once
+    per token and reused by every expert the token visits (as in PolyCom's OLMoE code).
+    Returns (y, aux) with aux = load-balance loss α·E/(k·T)·Σ_i c_i·P̄_i + z-loss β·mean(logsumexp(z)²).
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        E, d, m = config.n_expert, config.n_embd, config.moe_hidden
+        self.n_expert, self.top_k = E, config.top_k
+        self.alpha, self.beta = config.aux_loss_weight, config.z_loss_weight
+        self.router = nn.Linear(d, E, bias=False)
+        self.act, self.act_up = make_activations(config)
+        self.w_gate = nn.Parameter(torch.empty(E, d, m)) if self.act_up is not None else None
+        self.w_up = nn.Parameter(torch.empty(E, d, m))
+        self.w_down = nn.Parameter(torch.empty(E, m, d))
+        self.use_grouped_mm = True
+        self.capture = False  # activation_stats() sets this to keep the last expert load
+        self.last_load = None
+
+    def route(self, x):
+        """x (T, d) -> router probabilities (T, E) fp32, top-k weights and expert ids (T, k), router logits."""
+        with torch.autocast(x.device.type, enabled=False):
+            z = F.linear(x.float(), self.router.weight.float())
+        probs = torch.softmax(z, dim=-1)
+        weights, experts = probs.topk(self.top_k, dim=-1)
+        return probs, weights / weights.sum(-1, keepdim=True), experts, z
+
+    def forward(self, x):
+        B, T, d = x.shape
+        x = x.reshape(-1, d)
+        probs, weights, experts, z = self.route(x)
+        # sort the T·k (token, expert) pairs by expert: each expert's rows become one contiguous group
+        flat = experts.reshape(-1)  # pair j = (token j // k, expert flat[j])
+        order = flat.argsort(stable=True)
+        token = order // self.top_k
+        counts = flat.new_zeros(self.n_expert).scatter_add_(0, flat, torch.ones_like(flat))  # static shape, unlike bincount
+        offs = counts.cumsum(0).to(torch.int32)
+        xs = x[token]
+        mm = lambda a, w: expert_matmul(a, w, offs, self.use_grouped_mm)
+        # MoA's gates: computed once per token, then gathered for each (token, expert) pair
+        ctx_rows = lambda act: None if (c := act.context(x)) is None else c[token]
+        if self.act_up is None:
+            h = self.act(mm(xs, self.w_up), ctx_rows(self.act))
+        else:
+            h = glu(self.act, self.act_up, mm(xs, self.w_gate), mm(xs, self.w_up), ctx_rows(self.act), ctx_rows(self.act_up))
+        y = mm(h, self.w_down) * weights.reshape(-1)[order, None].to(h.dtype)
+        out = torch.zeros_like(x, dtype=y.dtype).index_add_(0, token, y)
+
+        n_tok = x.shape[0]
+        load_balance = self.alpha * self.n_expert / (self.top_k * n_tok) * (counts.float() * probs.mean(0)).sum()
+        z_loss = self.beta * torch.logsumexp(z, dim=-1).square().mean()
+        if self.capture:
+            self.last_load = counts.detach()
+        return out.view(B, T, d).to(x.dtype), torch.stack([load_balance, z_loss])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# GPT
+
+
+class Block(nn.Module):
+    def __init__(self, config, use_moe):
+        super().__init__()
+        self.ln_1, self.ln_2 = make_norm(config), make_norm(config)
+        self.attn = CausalSelfAttention(config)
+        self.ffn = MoE(config) if use_moe else FFN(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        y, aux = self.ffn(self.ln_2(x))
+        return x + y, aux
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd) if config.pos == "learned" else None,
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList(
+                    [Block(config, config.n_expert > 0 and i % config.moe_every == 0) for i in range(config.n_layer)]
+                ),
+                ln_f=make_norm(config),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.apply(self._init_weights)
+        # residual output projections: N(0, 0.02/√(2·n_layer)), per GPT-2
+        for name, p in self.named_parameters():
+            if name.endswith(("c_proj.weight", "w_down.weight", "w_down")):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        for m in self.modules():
+            if isinstance(m, MoA):  # zero gates: MoA starts exactly as LA
+                nn.init.zeros_(m.gate.weight)
+                nn.init.zeros_(m.gate.bias)
+        self.loss_parts = {}
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        elif isinstance(module, MoE):
+            for w in (module.w_gate, module.w_up, module.w_down):
+                if w is not None:
+                    torch.nn.init.normal_(w, mean=0.0, std=0.02)
+
+    def forward(self, idx, targets=None):
+        B, T = idx.shape
+        assert T <= self.config.block_size, f"sequence of length {T} > block_size {self.config.block_size}"
+        x = self.transformer.wte(idx)
+        if self.transformer.wpe is not None:
+            x = x + self.transformer.wpe(torch.arange(T, device=idx.device))
+        x = self.transformer.drop(x)
+        aux = x.new_zeros(2, dtype=torch.float32)  # [load-balance loss, z-loss] summed over MoE layers
+        for block in self.transformer.h:
+            x, block_aux = block(x)
+            aux = aux + block_aux
+        x = self.transformer.ln_f(x)
+        if targets is None:  # inference: only the last position, and never a padded id
+            return self.lm_head(x[:, [-1], :])[..., : self.config.vocab_size], None
+        logits = self.lm_head(x)[..., : self.config.vocab_size]
+        ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        self.loss_parts = {"ce": ce.detach(), "aux": aux[0].detach(), "z": aux[1].detach()}
+        # training optimises cross-entropy plus the MoE losses; evaluation reports plain cross-entropy
+        loss = ce + aux.sum() if self.training else ce
+        return logits, loss
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # reports
+
+    def param_report(self):
+        """Parameter counts: embedding, attention, ffn (W_up/W_gate/W_down, experts), extras (activation coefficients
+        and MoA gates), router, norm, total; `active` counts only top_k of n_expert expert weights (per token)."""
+        r = dict(embedding=0, attention=0, ffn=0, extras=0, router=0, norm=0)
+        inactive = 0
+        for name, p in self.named_parameters():  # tied lm_head/wte appears once
+            n = p.numel()
+            if name.startswith("transformer.wte") or name.startswith("transformer.wpe"):
+                r["embedding"] += n
+            elif ".attn." in name:
+                r["attention"] += n
+            elif ".ffn.act" in name:
+                r["extras"] += n
+            elif ".ffn.router" in name:
+                r["router"] += n
+            elif ".ffn.w_" in name:
+                r["ffn"] += n
+                if p.dim() == 3:  # expert weights (E, ·, ·): a token uses top_k of them
+                    inactive += n - n * self.config.top_k // self.config.n_expert
+            else:
+                r["norm"] += n
+        r["total"] = sum(r.values())
+        r["active"] = r["total"] - inactive
+        return r
+
+    def get_num_params(self, non_embedding=True):
+        """As nanoGPT: position embeddings are subtracted; token embeddings count (they are the lm_head)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and self.transformer.wpe is not None:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops):
+        """Model FLOPs utilisation against `peak_flops` (e.g. 989e12 for H100/H200 bf16 dense, 312e12 for A100),
+        PaLM appendix B: 6N + 12·L·H·Q·T FLOPs per token, N the *active* parameters (MoE: top_k of n_expert)."""
+        cfg = self.config
+        N = self.param_report()["active"] - (self.transformer.wpe.weight.numel() if self.transformer.wpe is not None else 0)
+        L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
+        flops_per_iter = (6 * N + 12 * L * H * Q * T) * T * fwdbwd_per_iter
+        return flops_per_iter / dt / peak_flops
+
+    @torch.no_grad()
+    def activation_stats(self, idx):
+        """What the learnable activations learned, from one eager no-grad pass over idx: per layer the PolyCom
+        coefficients [a_0..a_r], LA/MoA α, MoA gate mean and cross-token std per dictionary entry, and the MoE
+        expert load (max/mean, entropy in nats). JSON-able."""
+        watched = [m for m in self.modules() if isinstance(m, (MoA, MoE))]
+        for m in watched:
+            m.capture = True
+        was_training = self.training
+        self.eval()
+        try:
+            self(idx)
+        finally:
+            self.train(was_training)
+            for m in watched:
+                m.capture = False
+        layers = []
+        for block in self.transformer.h:
+            stats = {}
+            for prefix, act in (("", block.ffn.act), ("up_", block.ffn.act_up)):
+                if isinstance(act, Poly):
+                    stats[prefix + "poly"] = act.coeffs.tolist()
+                if isinstance(act, (LA, MoA)):
+                    stats[prefix + "alpha"] = act.alpha.tolist()
+                if isinstance(act, MoA):
+                    c = act.last_coef.reshape(-1, len(act.names))
+                    stats[prefix + "gate_mean"] = c.mean(0).tolist()
+                    stats[prefix + "gate_std"] = c.std(0).tolist()
+            if isinstance(block.ffn, MoE):
+                load = block.ffn.last_load.float()
+                frac = load / load.sum()
+                stats["moe_load_max_over_mean"] = (load.max() / load.mean()).item()
+                stats["moe_load_entropy"] = -(frac * frac.clamp_min(1e-12).log()).sum().item()
+            layers.append(stats)
+        return {"layers": layers}
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # training and sampling
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW. Weight decay on matrices (≥2-D) only, and never on activation coefficients or MoA gates: decaying
+        α towards 0 would switch the activation off rather than regularise it (SPEC §2)."""
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            if not p.requires_grad:
+                continue
+            (decay if p.dim() >= 2 and ".ffn.act" not in name else no_decay).append(p)
+        groups = [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Sample max_new_tokens continuations of idx (B, T). Padded vocabulary ids are never produced (forward
+        returns logits of the real vocabulary only). temperature 0 is greedy."""
+        for _ in range(max_new_tokens):
+            idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size :]
+            logits, _ = self(idx_cond)
+            logits = logits[:, -1, :].float()
+            if temperature == 0:
+                idx_next = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("Inf")
+                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx

@@ -1,0 +1,177 @@
+"""Issue 2 checks 2, 3, 5, 7, 8 (and issue 7 check 2): the activations equal their formulas, exactly where the SPEC
+says so, their recomputing backwards are right, and they keep little memory for backward."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import activations as A
+from bench import saved_bytes_for_backward
+from model import FFN, GPTConfig
+
+torch.manual_seed(0)
+
+
+# ---- independent references, written from the SPEC formulas with plain autograd ----------------------------------
+def rms_norm(v, eps=1e-6):
+    return v / torch.sqrt((v * v).mean(-1, keepdim=True) + eps)
+
+
+def poly_reference(kind, h, coeffs):
+    """a_0 + Σ_{p=1..r} a_p · f(base^p), base = h or relu(h), f = RMS norm over the hidden dim (or identity)."""
+    base = torch.clamp(h, min=0) if kind in ("polyrelu", "polyrelunorm") else h
+    out = coeffs[0] * torch.ones_like(h)
+    for p in range(1, len(coeffs)):
+        v = base**p
+        out = out + coeffs[p] * (rms_norm(v) if kind in ("polynorm", "polyrelunorm") else v)
+    return out
+
+
+REF_BASIS = {
+    "identity": lambda h: h,
+    "relu": lambda h: torch.clamp(h, min=0),
+    "relu2": lambda h: torch.clamp(h, min=0) ** 2,
+    "gelu": lambda h: 0.5 * h * (1 + torch.erf(h / math.sqrt(2))),
+    "silu": lambda h: h / (1 + torch.exp(-h)),
+    "tanh": lambda h: torch.tanh(h),
+}
+
+
+@pytest.mark.parametrize("kind", ["polynorm", "polyrelu", "polyrelunorm"])
+@pytest.mark.parametrize("order", [2, 3, 4])
+def test_poly_matches_reference_and_init(kind, order):
+    act = A.Poly(kind, order)
+    assert act.coeffs.tolist() == pytest.approx([0.0] + [1.0 / order] * order, abs=1e-7)  # a_0 = 0, a_1..a_r = 1/r
+    act = act.double()
+    with torch.no_grad():
+        act.coeffs.copy_(torch.randn(order + 1, dtype=torch.float64))
+    h = torch.randn(5, 7, 48, dtype=torch.float64, requires_grad=True)
+    coeffs = act.coeffs.detach().clone().requires_grad_(True)
+    y, y_ref = act(h), poly_reference(kind, h, coeffs)
+    torch.testing.assert_close(y, y_ref)
+    g = torch.randn_like(y)
+    dh, da = torch.autograd.grad(y, (h, act.coeffs), g)
+    dh_ref, da_ref = torch.autograd.grad(y_ref, (h, coeffs), g)
+    torch.testing.assert_close(dh, dh_ref)
+    torch.testing.assert_close(da, da_ref)
+
+
+@pytest.mark.parametrize("name", list(A.BASIS))
+def test_la_onehot_equals_fixed_activation_exactly(name):
+    la = A.LA(list(A.BASIS), f"onehot:{name}")
+    h = torch.randn(4, 9, 64)
+    assert torch.equal(la(h), A.Fixed(name)(h))
+    torch.testing.assert_close(A.Fixed(name)(h.double()), REF_BASIS[name](h.double()))
+
+
+def test_la_and_moa_match_mixture_reference():
+    names = list(A.BASIS)
+    moa = A.MoA(names, 16).double()
+    with torch.no_grad():
+        moa.gate.weight.normal_()
+        moa.gate.bias.normal_()
+        moa.alpha.normal_()
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    h = torch.randn(3, 5, 32, dtype=torch.float64)
+    c = moa.alpha * 2 * torch.sigmoid(x @ moa.gate.weight.T + moa.gate.bias)
+    y_ref = sum(c[..., k : k + 1] * REF_BASIS[n](h) for k, n in enumerate(names))
+    torch.testing.assert_close(moa(h, moa.context(x)), y_ref)
+
+
+@pytest.mark.parametrize("gate", ["sigmoid", "softmax", "tanh"])
+def test_moa_with_zero_gates_equals_la_exactly(gate):
+    names = list(A.BASIS)
+    la, moa = A.LA(names, "mean"), A.MoA(names, 32, "mean", gate)
+    with torch.no_grad():
+        alpha = torch.randn(len(names))
+        la.alpha.copy_(alpha)
+        moa.alpha.copy_(alpha)
+    x, h = torch.randn(4, 10, 32), torch.randn(4, 10, 128)
+    assert torch.equal(moa(h, moa.context(x)), la(h))
+
+
+@pytest.mark.parametrize("variant", ["la_glu", "moa_glu"])
+def test_bisided_glu_with_onehot_silu_identity_equals_swiglu_exactly(variant):
+    d = 32
+    mixture = FFN(GPTConfig(n_embd=d, n_head=4, ffn=variant, la_init="onehot:silu/onehot:identity"))
+    swiglu = FFN(GPTConfig(n_embd=d, n_head=4, ffn="swiglu"))
+    for name in ("w_gate", "w_up", "w_down"):  # weights shared
+        getattr(mixture, name).load_state_dict(getattr(swiglu, name).state_dict())
+    x = torch.randn(3, 8, d)
+    assert torch.equal(mixture(x)[0], swiglu(x)[0])
+
+
+# ---- custom backwards: float64 gradcheck ---------------------------------------------------------------------------
+def test_gradcheck_poly_function():
+    for use_relu, use_norm in [(False, True), (True, False), (True, True)]:
+        h = torch.randn(3, 12, dtype=torch.float64, requires_grad=True)
+        a = torch.randn(4, dtype=torch.float64, requires_grad=True)
+        fn = lambda h, a: A._PolyFunction.apply(h, a, use_relu, use_norm, 1e-6)
+        assert torch.autograd.gradcheck(fn, (h, a))
+
+
+def test_gradcheck_mix_functions():
+    names = tuple(A.BASIS)
+    K = len(names)
+    h = torch.randn(2, 3, 10, dtype=torch.float64, requires_grad=True)
+    c_token = torch.randn(2, 3, K, dtype=torch.float64, requires_grad=True)  # MoA
+    c_shared = torch.randn(K, dtype=torch.float64, requires_grad=True)  # LA
+    assert torch.autograd.gradcheck(lambda h, c: A._MixFunction.apply(h, c, names), (h, c_token))
+    assert torch.autograd.gradcheck(lambda h, c: A._MixFunction.apply(h, c, names), (h, c_shared))
+    u = torch.randn(2, 3, 10, dtype=torch.float64, requires_grad=True)
+    c_up = torch.randn(2, 3, 3, dtype=torch.float64, requires_grad=True)
+    up_names = ("identity", "tanh", "silu")
+    glu = lambda h, u, cg, cu: A._MixGLUFunction.apply(h, u, cg, cu, names, up_names)
+    assert torch.autograd.gradcheck(glu, (h, u, c_token, c_up))
+
+
+@pytest.mark.parametrize("variant", ["polynorm", "moa", "moa_glu"])
+def test_compiled_ffn_matches_eager(variant):
+    torch.manual_seed(1)
+    ffn = FFN(GPTConfig(n_embd=32, n_head=4, ffn=variant))
+    for p in ffn.parameters():  # move the activations off their init so every path matters
+        p.data.add_(0.1 * torch.randn_like(p))
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    outputs = []
+    for fn in (ffn, torch.compile(ffn)):
+        y = fn(x)[0]
+        grads = torch.autograd.grad(y.square().sum(), [x, *ffn.parameters()])
+        outputs.append((y, grads))
+    (y_e, g_e), (y_c, g_c) = outputs
+    torch.testing.assert_close(y_c, y_e, rtol=1e-4, atol=1e-5)
+    for a, b in zip(g_c, g_e):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+# ---- memory and precision ------------------------------------------------------------------------------------------
+def saved_bytes(variant, d=128):
+    ffn = FFN(GPTConfig(n_embd=d, n_head=4, ffn=variant))
+    x = torch.randn(4, 64, d, requires_grad=True)
+    return saved_bytes_for_backward(lambda m, x: m(x)[0], ffn, x)[0]
+
+
+@pytest.mark.parametrize("variant,baseline", [("polynorm", "gelu"), ("la", "gelu"), ("moa", "gelu"), ("moa_glu", "swiglu")])
+def test_memory_saved_for_backward(variant, baseline):
+    ratio = saved_bytes(variant) / saved_bytes(baseline)
+    assert ratio <= 1.10, f"{variant} keeps {ratio:.2f}x the bytes of {baseline} for backward"
+
+
+def test_naive_polynorm_would_keep_much_more():
+    """The measurement can fail: plain autograd of the PolyNorm formula keeps several hidden-width tensors."""
+    h = torch.randn(4, 64, 512, requires_grad=True)
+    a = torch.randn(4, requires_grad=True)
+    naive, _ = saved_bytes_for_backward(lambda h: poly_reference("polynorm", h, a), h)
+    lean, _ = saved_bytes_for_backward(lambda h: A._PolyFunction.apply(h, a, False, True, 1e-6), h)
+    assert naive > 3 * lean
+
+
+@pytest.mark.parametrize("act", [A.Poly("polynorm", 3), A.Poly("polynorm", 4)])
+def test_polynorm_bf16_autocast_large_inputs(act):
+    h = torch.linspace(-50, 50, 8 * 256).reshape(8, 256)[:, torch.randperm(256)]
+    ref = act(h)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = act(h.bfloat16())
+    assert torch.isfinite(y).all()
+    rel_rms = ((y.float() - ref).square().mean() / ref.square().mean()).sqrt()
+    assert rel_rms < 0.02, rel_rms
