@@ -1,0 +1,168 @@
+"""Issue 5: the toy MoE routes, dispatches and balances as SPEC §4 says, drops no token, and compiles."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from activations import glu
+from model import GPT, MoE, GPTConfig
+from test_model import corpus_batch
+
+FAMILIES = ["relu", "polynorm", "moa", "swiglu", "moa_glu"]
+
+
+def make_moe(ffn, d=32, E=4, k=2, **kw):
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_embd=d, n_head=4, ffn=ffn, n_expert=E, top_k=k, **kw)
+    moe = GPT(GPTConfig(**{**cfg.__dict__, "n_layer": 1})).transformer.h[0].ffn  # the GPT's own init
+    for p in moe.parameters():  # move gates/coefficients off their init so every path matters
+        p.data.add_(0.05 * torch.randn_like(p))
+    return moe
+
+
+def naive_moe(moe, x):
+    """Token by token: softmax router in fp32, top-k, renormalise, and sum the k experts' FFN outputs."""
+    out = []
+    for xt in x.reshape(-1, x.shape[-1]):
+        p = torch.softmax(xt.float() @ moe.router.weight.float().T, -1)
+        w, e = p.topk(moe.top_k)
+        w = w / w.sum()
+        xt = xt[None]
+        y = 0
+        for wi, ei in zip(w, e):
+            if moe.act_up is None:
+                h = moe.act(xt @ moe.w_up[ei], moe.act.context(xt))
+            else:
+                h = glu(moe.act, moe.act_up, xt @ moe.w_gate[ei], xt @ moe.w_up[ei], moe.act.context(xt), moe.act_up.context(xt))
+            y = y + wi * (h @ moe.w_down[ei])
+        out.append(y[0])
+    return torch.stack(out).view_as(x)
+
+
+def outputs_and_grads(fn, moe, x):
+    x = x.clone().requires_grad_(True)
+    y = fn(x)
+    grads = torch.autograd.grad((y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum(), [x, *moe.parameters()], allow_unused=True)
+    return y, grads
+
+
+@pytest.mark.parametrize("ffn", FAMILIES)
+def test_moe_equals_naive_token_loop(ffn):
+    moe = make_moe(ffn)
+    x = torch.randn(2, 12, 32)
+    y, g = outputs_and_grads(lambda x: moe(x)[0], moe, x)
+    y_ref, g_ref = outputs_and_grads(lambda x: naive_moe(moe, x), moe, x)
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-5)
+    for name, a, b in zip(["x"] + [n for n, _ in moe.named_parameters()], g, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{ffn} grad {name}: {m}")
+
+
+@pytest.mark.parametrize("ffn", ["relu", "moa_glu"])
+def test_grouped_mm_equals_per_expert_loop(ffn):
+    moe = make_moe(ffn)
+    x = torch.randn(3, 16, 32)
+    moe.use_grouped_mm = True
+    y, g = outputs_and_grads(lambda x: moe(x)[0], moe, x)
+    moe.use_grouped_mm = False
+    y_loop, g_loop = outputs_and_grads(lambda x: moe(x)[0], moe, x)
+    torch.testing.assert_close(y, y_loop, rtol=1e-5, atol=1e-6)
+    for a, b in zip(g, g_loop):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def routed_batch(moe, preferred):
+    """Tokens of E types (one-hot inputs); type j's router logits are large for the experts in preferred(j)."""
+    E, d = moe.n_expert, moe.router.weight.shape[1]
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        for j in range(E):
+            for e in preferred(j):
+                moe.router.weight[e, j] = 20.0
+    return F.one_hot(torch.arange(64) % E, d).float()[None]  # (1, 64, d), every type equally often
+
+
+def test_load_balance_loss_is_alpha_at_balance_and_grows_on_collapse():
+    moe = make_moe("relu", E=4, k=2, aux_loss_weight=0.01, z_loss_weight=0.0)
+    x = routed_batch(moe, lambda j: (j, (j + 1) % 4))  # each expert gets exactly T·k/E pairs, P̄_i = 1/E
+    _, aux = moe(x)
+    assert aux[0].item() == pytest.approx(0.01, rel=1e-6)
+    x = routed_batch(moe, lambda j: (0, 1))  # collapse: every token to experts 0 and 1
+    _, aux = moe(x)
+    assert aux[0].item() > 1.9 * 0.01
+
+
+def test_z_loss_is_the_formula():
+    moe = make_moe("relu", z_loss_weight=0.003)
+    x = torch.randn(2, 10, 32)
+    z = x.reshape(-1, 32) @ moe.router.weight.T
+    expected = 0.003 * torch.logsumexp(z, -1).square().mean()
+    torch.testing.assert_close(moe(x)[1][1], expected)
+
+
+@pytest.mark.parametrize("ffn", ["relu", "moa"])
+def test_no_token_is_dropped_even_with_a_skewed_router(ffn):
+    """Expert e writes its routing weight into output channel e only; every token must show exactly k of them."""
+    E, k, d = 4, 2, 32
+    moe = make_moe(ffn, d=d, E=E, k=k, act_dict="relu", la_init="sum")
+    with torch.no_grad():
+        moe.router.weight.normal_()
+        moe.router.weight[0, 0] = 10.0  # skewed: with x[0] = 1, expert 0 is nearly everyone's first choice
+        moe.w_up.zero_()
+        moe.w_up[:, 0, 0] = 1.0  # hidden unit 0 = input channel 0 (set to 1 below)
+        moe.w_down.zero_()
+        for e in range(E):
+            moe.w_down[e, 0, e] = 1.0
+        if ffn == "moa":
+            moe.act.alpha.fill_(1.0)
+            moe.act.gate.weight.zero_()
+            moe.act.gate.bias.zero_()
+    x = torch.randn(1, 200, d)
+    x[..., 0] = 1.0
+    y, _ = moe(x)
+    contributions = y[0, :, :E]
+    assert ((contributions > 0).sum(-1) == k).all()
+    torch.testing.assert_close(contributions.sum(-1), torch.ones(200))
+    counts = (contributions > 0).sum(0)
+    assert counts[0] > 150  # the router really was skewed
+
+
+def test_tiny_moe_gpt_overfits_one_batch():
+    torch.manual_seed(0)
+    x, y, vocab = corpus_batch(4, 32)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=32, vocab_size=vocab, ffn="swiglu", n_expert=4))
+    opt = model.configure_optimizers(0.0, 3e-3, (0.9, 0.95), "cpu")
+    initial = None
+    for step in range(300):
+        _, loss = model(x, y)
+        initial = initial or model.loss_parts["ce"].item()
+        if model.loss_parts["ce"].item() < 0.2 * initial:
+            break
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert model.loss_parts["ce"].item() < 0.2 * initial
+
+
+def test_moe_gpt_trains_under_compile_like_eager():
+    torch.manual_seed(0)
+    x, y, vocab = corpus_batch(4, 32)
+    eager = GPT(GPTConfig(n_layer=1, n_head=4, n_embd=32, block_size=32, vocab_size=vocab, ffn="moa", n_expert=4))
+    compiled_model = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(compiled_model)
+    opts = [m.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu") for m in (eager, compiled_model)]
+    for step in range(3):
+        losses = []
+        for model, opt in zip((eager, compiled), opts):
+            _, loss = model(x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], rel=1e-4), (step, losses)
+    # 0 graph breaks: the expert matmul is a custom op, and expert counts use scatter_add (bincount's shape is dynamic)
+    breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+    print("graph breaks:", breaks)
+    assert breaks == 0, dict(torch._dynamo.utils.counters["graph_break"])
