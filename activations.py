@@ -40,7 +40,7 @@ def _silu_grad(h):
 
 # name -> (φ, φ')
 BASIS = {
-    "identity": (lambda h: h, lambda h: torch.ones_like(h)),
+    "identity": (lambda h: h, lambda h: 1.0),  # a scalar slope broadcasts; no tensor of ones
     "relu": (torch.relu, lambda h: (h > 0).to(h.dtype)),
     "relu2": (lambda h: torch.relu(h).square(), lambda h: 2.0 * torch.relu(h)),
     "gelu": (F.gelu, _gelu_grad),
