@@ -1,0 +1,89 @@
+"""
+Sample from a model trained by train.py, decoding with the checkpoint's own tokenizer (char or gpt2).
+
+    python sample.py --out_dir=out-shakespeare-char
+    python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=200
+    python sample.py --out_dir=out-owt --start=FILE:prompt.txt --temperature=0.8 --top_k=200
+
+Each sample is printed as the prompt followed by max_new_tokens generated tokens, then a line of dashes.
+Status messages go to stderr, so stdout holds only the samples.
+"""
+import os
+import sys
+from contextlib import nullcontext
+
+import torch
+
+from configurator import UserError, parse_args, run_cli
+
+DEFAULTS = dict(
+    out_dir='out',  # the run directory holding ckpt.pt
+    start='\n',  # the prompt, or FILE:path to read it from a file
+    num_samples=3,
+    max_new_tokens=500,
+    temperature=0.8,  # 1.0 = the model's distribution, lower = more conservative, 0 = greedy
+    top_k=200,  # keep only the top_k most likely tokens; 0 = no limit
+    seed=1337,
+    device='auto',  # 'auto' (cuda, then mps, then cpu) | 'cpu' | 'cuda' | 'cuda:N' | 'mps'
+    dtype='auto',  # 'auto' (bfloat16 on CUDA where supported, else float32) | 'float32' | 'bfloat16' | 'float16'
+)
+SEPARATOR = '---------------'
+
+
+def main(argv):
+    # train.py imports model.py and the checkpoint helpers; importing it runs nothing
+    from model import GPT, GPTConfig
+    from train import load_checkpoint, resolve_device, resolve_dtype, strip_prefixes
+    from data.tokenizer import get_tokenizer
+
+    cfg, _ = parse_args(DEFAULTS, argv, prog='sample.py', doc=__doc__.split('\n\n')[1])
+    if cfg['num_samples'] < 1 or cfg['max_new_tokens'] < 0 or cfg['top_k'] < 0 or cfg['temperature'] < 0:
+        raise UserError("num_samples must be at least 1, and max_new_tokens, top_k and temperature not negative.")
+    ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
+    if not os.path.exists(ckpt_path):
+        raise UserError(f"no checkpoint at {ckpt_path}; train one first (python train.py config/shakespeare_char.py) "
+                        f"or point --out_dir at a run's directory.")
+    try:
+        checkpoint = load_checkpoint(ckpt_path)
+        model_args, state, meta = checkpoint['model_args'], checkpoint['model'], checkpoint['meta']
+    except Exception as e:
+        raise UserError(f"cannot read the checkpoint {ckpt_path} ({type(e).__name__}); it is not a train.py "
+                        f"checkpoint or it is damaged.") from None
+
+    device = resolve_device(cfg['device'])
+    device_type = device.split(':')[0]
+    dtype = resolve_dtype(cfg['dtype'], device_type)
+    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+    ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
+    torch.manual_seed(cfg['seed'])
+    if device_type == 'cuda':
+        torch.cuda.manual_seed(cfg['seed'])
+
+    model = GPT(GPTConfig(**model_args))
+    model.load_state_dict(strip_prefixes(state))  # also loads what a compiled model saved
+    model.eval().to(device)
+
+    tok = get_tokenizer(meta)  # raises a UserError if the start text has characters outside a char vocabulary
+    start = cfg['start']
+    if start.startswith('FILE:'):
+        path = start[len('FILE:'):]
+        if not os.path.isfile(path):
+            raise UserError(f"--start=FILE:{path} but there is no such file; give an existing text file.")
+        with open(path, encoding='utf-8') as f:
+            start = f.read()
+    start_ids = tok.encode(start)
+    if not start_ids:
+        raise UserError("the prompt is empty; give at least one character with --start (the default is a newline).")
+    x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
+    print(f"sampling {cfg['num_samples']} x {cfg['max_new_tokens']} tokens from {ckpt_path} "
+          f"(iteration {checkpoint['iter_num']}, {meta.get('tokenizer')} tokenizer) on {device}", file=sys.stderr)
+
+    with torch.no_grad(), ctx:
+        for _ in range(cfg['num_samples']):
+            y = model.generate(x, cfg['max_new_tokens'], temperature=cfg['temperature'], top_k=cfg['top_k'] or None)
+            print(tok.decode(y[0].tolist()))
+            print(SEPARATOR)
+
+
+if __name__ == '__main__':
+    run_cli(main)

@@ -1,0 +1,266 @@
+"""Tests of train.py and configurator.py: exact resume, DDP equivalence, atomic checkpoints, the non-finite stop
+and the one-line user errors. Every run is a tiny model (1 layer, d=32, T=32) for a handful of iterations on CPU.
+
+The shakespeare_char_dir fixture (tests/conftest.py) prepares the dataset into a temporary data_dir."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import configurator  # noqa: E402
+from configurator import UserError, parse_args  # noqa: E402
+
+TINY = ['--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
+        '--block_size=32', '--batch_size=4', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2',
+        '--lr_decay_iters=10']
+
+
+def env(**extra):
+    e = dict(os.environ)
+    e['OMP_NUM_THREADS'] = '1'  # several tiny processes on a shared CPU: one thread each is far faster
+    e.pop('NANOFFN_NAN_AT', None)
+    e.update(extra)
+    return e
+
+
+def run(script, *args, extra_env=None, launcher=None):
+    cmd = (launcher or [sys.executable]) + [script, *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env(**(extra_env or {})), timeout=600)
+
+
+def train(data_dir, out_dir, *args, **kw):
+    return run('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args, **kw)
+
+
+def log(out_dir):
+    with open(os.path.join(out_dir, 'log.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+def assert_ok(p):
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+
+
+def assert_user_error(p, *words):
+    """Exit status 2, one line on stderr, no traceback, and the line says what to do."""
+    assert p.returncode == 2, (p.returncode, p.stderr[-3000:])
+    assert 'Traceback' not in p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+@pytest.fixture(scope='module')
+def tiny_run(shakespeare_char_dir, tmp_path_factory):
+    """One finished 4-iteration run (checkpoints at 2 and 4)."""
+    out = str(tmp_path_factory.mktemp('tiny_run'))
+    assert_ok(train(shakespeare_char_dir, out, '--max_iters=4', '--eval_interval=2'))
+    return shakespeare_char_dir, out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# check 1: exact resume
+
+def test_exact_resume(shakespeare_char_dir, tmp_path):
+    """2N iterations in one run == N iterations, then resume for N more: the same losses at every logged step.
+    Dropout is on, so the RNG state must be restored too; a stray log line past the checkpoint must be dropped."""
+    data, a, b = shakespeare_char_dir, str(tmp_path / 'a'), str(tmp_path / 'b')
+    common = ['--eval_interval=2', '--dropout=0.1']
+    assert_ok(train(data, a, *common, '--max_iters=6'))
+    assert_ok(train(data, b, *common, '--max_iters=3'))
+    with open(os.path.join(b, 'log.jsonl'), 'a') as f:  # as if the run had logged past its last checkpoint
+        f.write(json.dumps({'iter': 4, 'loss': 123.0}) + '\n')
+    p = run('train.py', f'--out_dir={b}', '--init_from=resume', '--max_iters=6')  # settings come from the checkpoint
+    assert_ok(p)
+    la, lb = log(a), log(b)
+    assert [r['iter'] for r in la] == [r['iter'] for r in lb] == list(range(7))  # no line twice, the stray one gone
+    for ra, rb in zip(la, lb):
+        assert ra.get('loss') == rb.get('loss'), (ra, rb)
+        assert ra['batch_hash'] == rb['batch_hash']
+        assert ra['tokens'] == rb['tokens']
+        assert ra['lr'] == rb['lr']
+        if 'val_loss' in ra and 'val_loss' in rb:
+            assert ra['val_loss'] == rb['val_loss']
+    ca = torch.load(os.path.join(a, 'ckpt.pt'), weights_only=True)
+    cb = torch.load(os.path.join(b, 'ckpt.pt'), weights_only=True)
+    assert ca['iter_num'] == cb['iter_num'] == 6
+    for k, v in ca['model'].items():
+        assert torch.equal(v, cb['model'][k]), k
+
+
+def in_process(main, argv, capsys):
+    """Run a CLI's main through configurator.run_cli in this process (no torch import per run): (exit code, stderr)."""
+    with pytest.raises(SystemExit) as e:
+        configurator.run_cli(main, argv)
+    return e.value.code, capsys.readouterr().err
+
+
+def test_resume_rejects_a_changed_data_stream(tiny_run, capsys):
+    import train
+    _, out = tiny_run
+    code, err = in_process(train.main, [f'--out_dir={out}', '--init_from=resume', '--batch_size=8', '--max_iters=5'],
+                           capsys)
+    assert code == 2 and 'batch_size' in err and len(err.strip().splitlines()) == 1
+
+
+def test_checkpoint_contents(tiny_run):
+    _, out = tiny_run
+    ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)  # plain data: loads without pickle code
+    for key in ('model', 'optimizer', 'model_args', 'iter_num', 'best_val_loss', 'config', 'rng', 'loader', 'meta',
+                'tokens', 'log_lines'):
+        assert key in ckpt, key
+    assert ckpt['iter_num'] == 4 and ckpt['meta']['tokenizer'] == 'char'
+    assert not any(k.startswith('_orig_mod.') for k in ckpt['model'])
+    records = log(out)
+    assert ckpt['log_lines'] == len(records) and records[-1]['iter'] == 4
+    schema = {'iter', 'tokens', 'lr', 'loss', 'ms', 'tok_s', 'mfu', 'batch_hash'}
+    assert schema <= set(records[1]) and 'val_loss' not in records[1]
+    assert 'val_loss' in records[0] and 'val_loss' in records[2]
+    assert records[-1]['tokens'] == 4 * 4 * 32
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# check 2: DDP (torchrun, gloo on CPU) == gradient accumulation in one process
+
+def test_ddp_matches_gradient_accumulation(shakespeare_char_dir, tmp_path):
+    """2 processes x 1 accumulation step see the batches of 1 process x 2 steps (the loader's stream semantics), so
+    the losses agree up to the order of the floating-point reduction. ~20 s on 2 cores."""
+    data, ddp_out, one_out = shakespeare_char_dir, str(tmp_path / 'ddp'), str(tmp_path / 'one')
+    common = ['--max_iters=4', '--eval_interval=2']
+    torchrun = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+    assert_ok(train(data, ddp_out, *common, '--gradient_accumulation_steps=1', launcher=torchrun))
+    assert_ok(train(data, one_out, *common, '--gradient_accumulation_steps=2'))
+    ld, l1 = log(ddp_out), log(one_out)
+    assert [r['iter'] for r in ld] == [r['iter'] for r in l1] == list(range(5))
+    for rd, r1 in zip(ld, l1):
+        assert rd['tokens'] == r1['tokens']
+        for key in ('loss', 'val_loss'):
+            if key in r1:
+                assert rd[key] == pytest.approx(r1[key], rel=1e-5, abs=1e-5), (key, rd, r1)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# check 3: user mistakes: exit 2, one sentence on stderr, no traceback
+
+def test_error_unknown_key():
+    assert_user_error(run('train.py', '--n_layrs=3'), "'n_layrs'", 'n_layer')
+
+
+def test_error_wrong_type():
+    assert_user_error(run('train.py', '--n_layer=abc'), '--n_layer expects an int', "'abc'")
+
+
+def test_error_unknown_ffn():
+    from model import FFN_VARIANTS
+    p = run('train.py', '--ffn=swigloo')
+    assert_user_error(p, "'swigloo'", *FFN_VARIANTS)
+
+
+def test_error_missing_dataset(tmp_path):
+    p = run('train.py', *TINY, f'--data_dir={tmp_path}', f'--out_dir={tmp_path / "out"}')
+    assert_user_error(p, 'prepare.py')
+    assert not os.path.exists(tmp_path / 'out' / 'ckpt.pt')
+
+
+def test_error_resume_without_checkpoint(tmp_path):
+    assert_user_error(run('train.py', '--init_from=resume', f'--out_dir={tmp_path}'), 'ckpt.pt', 'out_dir')
+
+
+def test_error_scratch_over_existing_run(tiny_run, capsys):
+    """Starting from scratch in an out_dir that holds a run would destroy it: refused, nothing is touched."""
+    import train
+    data, out = tiny_run
+    before = open(os.path.join(out, 'log.jsonl')).read()
+    code, err = in_process(train.main, TINY + [f'--data_dir={data}', f'--out_dir={out}', '--max_iters=2'], capsys)
+    assert code == 2 and 'init_from=resume' in err and 'overwrite' in err
+    assert open(os.path.join(out, 'log.jsonl')).read() == before
+
+
+def test_error_sample_without_checkpoint(tmp_path):
+    assert_user_error(run('sample.py', f'--out_dir={tmp_path}'), 'ckpt.pt', 'train')
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# check 4: a kill during the checkpoint write leaves the previous checkpoint loadable
+
+def test_killed_checkpoint_write_keeps_previous(tiny_run, monkeypatch):
+    import train
+    _, out = tiny_run
+    path = os.path.join(out, 'ckpt.pt')
+    before = open(path, 'rb').read()
+    ckpt = torch.load(path, weights_only=True)
+    real_save = torch.save
+
+    def dying_save(obj, f, *a, **kw):  # writes part of the file, then the process "dies"
+        real_save(obj, f, *a, **kw)
+        f.seek(0)
+        f.truncate(100)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, 'save', dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        train.save_checkpoint({**ckpt, 'iter_num': 999}, out)
+    monkeypatch.undo()
+    assert open(path, 'rb').read() == before
+    assert torch.load(path, weights_only=True)['iter_num'] == 4
+    assert not [n for n in os.listdir(out) if n.startswith('.ckpt.pt.tmp')]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# check 5: a non-finite loss stops the run with one sentence and keeps the last good checkpoint
+
+def test_nonfinite_loss_stops_and_keeps_checkpoint(shakespeare_char_dir, tmp_path):
+    out = str(tmp_path)
+    p = train(shakespeare_char_dir, out, '--max_iters=5', '--eval_interval=2', extra_env={'NANOFFN_NAN_AT': '3'})
+    assert p.returncode == 3, p.stderr[-3000:]
+    assert 'Traceback' not in p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'non-finite' in lines[0] and 'iteration 3' in lines[0], p.stderr
+    ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    assert ckpt['iter_num'] == 2
+    assert all(torch.isfinite(v).all() for v in ckpt['model'].values())
+    assert max(r['iter'] for r in log(out)) == 2  # the poisoned step was never logged
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# configurator, in-process (fast)
+
+DEFAULTS = {'n_layer': 6, 'dropout': 0.0, 'bias': False, 'dataset': 'x', 'compile': None}
+
+
+def test_configurator_types():
+    cfg, given = parse_args(DEFAULTS, ['--n_layer=4', '--dropout=1', '--bias=True', '--dataset=owt', '--compile=False'],
+                            types={'compile': bool})
+    assert cfg == {'n_layer': 4, 'dropout': 1.0, 'bias': True, 'dataset': 'owt', 'compile': False}
+    assert given == set(DEFAULTS)
+    assert parse_args(DEFAULTS, ['--n_layer=1e3'])[0]['n_layer'] == 1000  # integral: not a truncation
+    assert parse_args(DEFAULTS, ['--compile=auto'], types={'compile': bool})[0]['compile'] is None
+    for bad in ('--n_layer=3.5', '--n_layer=True', '--bias=maybe', '--dropout=abc', '--n_layr=2', 'n_layer=2'):
+        with pytest.raises(UserError):
+            parse_args(DEFAULTS, [bad], types={'compile': bool})
+
+
+def test_configurator_config_file(tmp_path):
+    f = tmp_path / 'c.py'
+    f.write_text("n_layer = 6\n_helper = 3\ndropout = 0.1 * _helper\n")
+    cfg, given = parse_args(DEFAULTS, [str(f), '--n_layer=2'])
+    assert cfg['n_layer'] == 2 and cfg['dropout'] == pytest.approx(0.3) and given == {'n_layer', 'dropout'}
+    f.write_text("n_layers = 6\n")
+    with pytest.raises(UserError, match="n_layers"):
+        parse_args(DEFAULTS, [str(f)])
+
+
+def test_run_cli_exit_codes(capsys):
+    def bad(argv):
+        raise UserError('something is wrong;\nfix it.')
+    with pytest.raises(SystemExit) as e:
+        configurator.run_cli(bad, [])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == 'error: something is wrong; fix it.\n'
