@@ -1,0 +1,144 @@
+"""The one data loader used by training: random windows from token shards, reproducible and resumable.
+
+    loader = DataLoader("shakespeare_char", block_size=256, batch_size=64, seed=1337)
+    x, y = loader.next_batch()          # (B, T) int64 CPU tensors, y is x shifted by one token
+    evals = loader.val_batches(20)      # the same 20 batches for every run on this dataset
+
+Why it is built this way:
+- Training micro-batch k of the stream is drawn from its own generator, seeded by (seed, k). So the stream depends
+  only on (dataset, seed, batch_size, block_size): not on the model, not on torch's global RNG, not on the number of
+  processes. With world_size W, rank r takes micro-batches r, r+W, r+2W, ... of that one stream, so one process
+  with 2 accumulation steps sees exactly the batches of 2 DDP ranks with 1 step; and resuming only needs the count.
+- A window is T+1 consecutive tokens of one shard, drawn uniformly among all such windows of the split (every token
+  position equally likely); a window never crosses the end of a shard, because shards are separate files whose ends
+  are not each other's context.
+- Validation batches are drawn the same way from a generator seeded by a fixed constant and the batch number, so
+  every run on the dataset, whatever its seed, model or process count, is scored on the same windows, and the first
+  n batches are the same whatever the number asked for.
+- Shards are opened by memmap for each batch, as nanoGPT does: a memmap kept open makes the process' resident
+  memory grow with the pages it has touched.
+"""
+import hashlib
+import json
+import os
+
+import numpy as np
+import torch
+
+from configurator import UserError
+from data.shards import open_shard, read_header, shard_paths
+
+DATA_DIR = os.path.dirname(os.path.abspath(__file__))  # the repo's data/, where prepare scripts write by default
+TRAIN_STREAM, VAL_STREAM = 0, 1  # keep the training and validation generators apart
+VAL_SEED = 20240520  # validation windows do not depend on the run's seed
+
+PREPARE_COMMANDS = {
+    "shakespeare_char": "python data/shakespeare_char/prepare.py",
+    "shakespeare": "python data/shakespeare/prepare.py",
+    "openwebtext": "python data/openwebtext/prepare.py",
+    "text": "python data/text/prepare.py --input=YOUR_FILES",
+}
+
+
+class DatasetNotPrepared(UserError):
+    """The dataset's shards or meta.json are not there."""
+
+
+class _Split:
+    """The shards of one split and where the windows of length T+1 can start in each."""
+
+    def __init__(self, paths, window):
+        self.paths = paths
+        self.n_tokens = np.array([read_header(p) for p in paths], dtype=np.int64)  # validates every header
+        self.n_windows = np.maximum(self.n_tokens - window + 1, 0)  # starts 0 .. n - window
+        self.first_window = np.concatenate([[0], np.cumsum(self.n_windows)[:-1]])
+        self.total_windows = int(self.n_windows.sum())
+        self.window = window
+
+    def sample(self, rng, n):
+        """n windows as a (n, T+1) uint16 array, uniform over every window of every shard."""
+        u = rng.integers(0, self.total_windows, size=n)
+        shard = np.searchsorted(self.first_window, u, side="right") - 1
+        start = u - self.first_window[shard]
+        out = np.empty((n, self.window), dtype=np.uint16)
+        for s in np.unique(shard):
+            tokens = open_shard(self.paths[s], int(self.n_tokens[s]))
+            for i in np.flatnonzero(shard == s):
+                out[i] = tokens[start[i]:start[i] + self.window]
+            del tokens
+        return out
+
+
+def _to_xy(windows):
+    t = torch.from_numpy(windows.astype(np.int64))
+    return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+
+class DataLoader:
+    def __init__(self, dataset, block_size, batch_size, seed, rank=0, world_size=1, data_dir="data"):
+        if not (0 <= rank < world_size):
+            raise ValueError(f"rank {rank} is not in range for world_size {world_size}")
+        if seed < 0 or block_size < 1 or batch_size < 1:
+            raise UserError(f"seed must be >= 0 and block_size, batch_size >= 1 (got {seed}, {block_size}, {batch_size}).")
+        self.dataset, self.block_size, self.batch_size, self.seed = dataset, block_size, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.dir = os.path.join(data_dir, dataset)
+        meta_path = os.path.join(self.dir, "meta.json")
+        train_paths, val_paths = shard_paths(self.dir, "train"), shard_paths(self.dir, "val")
+        if not (os.path.isfile(meta_path) and train_paths and val_paths):
+            command = PREPARE_COMMANDS.get(dataset, f"python data/text/prepare.py --input=YOUR_FILES --name={dataset}")
+            if os.path.abspath(self.dir) != os.path.join(DATA_DIR, dataset):
+                command += f" --out_dir={self.dir}"
+            raise DatasetNotPrepared(f"dataset {dataset} is not prepared in {self.dir}; run `{command}` first.")
+        with open(meta_path, encoding="utf-8") as f:
+            self.meta = json.load(f)
+        self.train = _Split(train_paths, block_size + 1)
+        self.val = _Split(val_paths, block_size + 1)
+        for name, split in (("train", self.train), ("val", self.val)):
+            if split.total_windows == 0:
+                raise UserError(f"no {name} shard of dataset {dataset} holds block_size + 1 = {block_size + 1} tokens; "
+                                f"use a smaller block_size.")
+        self.step = 0  # micro-batches this rank has returned
+        self.batch_hash = hashlib.sha256().hexdigest()
+        self._val_cache = []
+
+    @property
+    def vocab_size(self):
+        return self.meta["vocab_size"]
+
+    def next_batch(self):
+        """The next training micro-batch of this rank: (x, y) int64 tensors of shape (batch_size, block_size)."""
+        k = self.rank + self.world_size * self.step  # its number in the shared stream
+        rng = np.random.default_rng([TRAIN_STREAM, self.seed, k])
+        windows = self.train.sample(rng, self.batch_size)
+        self.step += 1
+        # a hash chain over the raw windows: equal hashes mean the same batches in the same order
+        self.batch_hash = hashlib.sha256(bytes.fromhex(self.batch_hash) + windows.tobytes()).hexdigest()
+        return _to_xy(windows)
+
+    def val_batches(self, n_batches):
+        """The first n_batches validation batches: the same for every run on this dataset (seed, model and rank
+        do not matter; batch_size and block_size do). Each DDP rank gets the full list."""
+        while len(self._val_cache) < n_batches:
+            rng = np.random.default_rng([VAL_STREAM, VAL_SEED, len(self._val_cache)])
+            self._val_cache.append(_to_xy(self.val.sample(rng, self.batch_size)))
+        return self._val_cache[:n_batches]
+
+    def state_dict(self):
+        return {"dataset": self.dataset, "seed": self.seed, "batch_size": self.batch_size,
+                "block_size": self.block_size, "world_size": self.world_size, "step": self.step,
+                "batch_hash": self.batch_hash}
+
+    def load_state_dict(self, state):
+        """Continues the stream exactly where the saved loader stopped. The world size may change if the number of
+        micro-batches consumed in all divides evenly; the batch_hash continues from the saving rank's."""
+        for key in ("dataset", "seed", "batch_size", "block_size"):
+            if state[key] != getattr(self, key):
+                raise UserError(f"cannot resume the data stream: it was saved with {key}={state[key]!r} but this run "
+                                f"has {key}={getattr(self, key)!r}; resume with the same {key}.")
+        consumed = state["step"] * state["world_size"]
+        if consumed % self.world_size:
+            raise UserError(f"cannot resume the data stream: {consumed} micro-batches were consumed, which does not "
+                            f"split evenly over {self.world_size} processes; resume with world size {state['world_size']}.")
+        self.step = consumed // self.world_size
+        self.batch_hash = state["batch_hash"]

@@ -1,0 +1,67 @@
+"""Prepares shakespeare: the bundled Shakespeare corpus in GPT-2 BPE tokens.
+
+    python data/shakespeare/prepare.py [--out_dir=DIR]
+
+Writes train_000.bin, val_000.bin and meta.json into data/shakespeare/ by default, in a few seconds, with no
+network (the corpus and the GPT-2 ranks are committed in data/). Validation holds out the same whole works as
+shakespeare_char (the last four, 10.4%; see data/corpus.py). Each work is tokenised on its own, in parallel; the
+works follow each other as in the file (no EOT between them: this is one continuous text, as in nanoGPT).
+"""
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so `python data/.../prepare.py` works
+
+import numpy as np
+
+from configurator import UserError
+from data.corpus import read_shakespeare, split_works, work_starts
+from data.shards import clear_split_files, write_json, write_split
+from data.tokenizer import GPT2Tokenizer
+
+
+def encode_works(tok, text):
+    """Tokenises text work by work on all cores. Cutting at work starts changes no token inside a work."""
+    cuts = [0] + [s for s in work_starts(text) if s > 0] + [len(text)]
+    works = [text[a:b] for a, b in zip(cuts, cuts[1:])]
+    ids = tok.encode_batch(works)
+    return np.fromiter((i for w in ids for i in w), dtype=np.uint16, count=sum(map(len, ids)))
+
+
+def prepare(out_dir=HERE, shard_tokens=100_000_000):
+    """Writes the dataset into out_dir and returns its meta dict."""
+    tok = GPT2Tokenizer()
+    train_text, val_text = split_works(read_shakespeare())
+    train, val = encode_works(tok, train_text), encode_works(tok, val_text)
+    os.makedirs(out_dir, exist_ok=True)
+    clear_split_files(out_dir)
+    write_split(out_dir, "train", train, shard_tokens)
+    write_split(out_dir, "val", val, shard_tokens)
+    meta = {**tok.meta(), "dataset": "shakespeare", "train_tokens": len(train), "val_tokens": len(val),
+            "split": "val = the last four works, from THE HISTORY OF TROILUS AND CRESSIDA on"}
+    write_json(os.path.join(out_dir, "meta.json"), meta)
+    return meta
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out_dir", default=HERE, help="where to write the shards and meta.json")
+    parser.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard at most")
+    args = parser.parse_args(argv)
+    t0 = time.time()
+    meta = prepare(args.out_dir, args.shard_tokens)
+    dt = time.time() - t0
+    n = meta["train_tokens"] + meta["val_tokens"]
+    print(f"shakespeare: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val GPT-2 tokens, "
+          f"written to {args.out_dir} in {dt:.1f}s ({n / dt:,.0f} tokens/s)")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,58 @@
+"""Prepares shakespeare_char: the bundled Shakespeare corpus, one token per character.
+
+    python data/shakespeare_char/prepare.py [--out_dir=DIR]
+
+Writes train_000.bin, val_000.bin and meta.json (the 84-character vocabulary, which sampling needs to decode) into
+data/shakespeare_char/ by default. Runs in about a second, with no network: the corpus is committed in
+data/shakespeare.txt.gz. Validation holds out whole works (the last four, 10.4%; see data/corpus.py).
+"""
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so `python data/.../prepare.py` works
+
+import numpy as np
+
+from configurator import UserError
+from data.corpus import read_shakespeare, split_works
+from data.shards import clear_split_files, write_json, write_split
+from data.tokenizer import CharTokenizer
+
+
+def prepare(out_dir=HERE, shard_tokens=100_000_000):
+    """Writes the dataset into out_dir and returns its meta dict."""
+    text = read_shakespeare()
+    train_text, val_text = split_works(text)
+    tok = CharTokenizer.from_text(text)  # vocabulary from the whole corpus, so val has no unknown characters
+    train = np.fromiter(map(tok.stoi.__getitem__, train_text), dtype=np.uint16, count=len(train_text))
+    val = np.fromiter(map(tok.stoi.__getitem__, val_text), dtype=np.uint16, count=len(val_text))
+    os.makedirs(out_dir, exist_ok=True)
+    clear_split_files(out_dir)
+    write_split(out_dir, "train", train, shard_tokens)
+    write_split(out_dir, "val", val, shard_tokens)
+    meta = {**tok.meta(), "dataset": "shakespeare_char", "train_tokens": len(train), "val_tokens": len(val),
+            "split": "val = the last four works, from THE HISTORY OF TROILUS AND CRESSIDA on"}
+    write_json(os.path.join(out_dir, "meta.json"), meta)
+    return meta
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out_dir", default=HERE, help="where to write the shards and meta.json")
+    parser.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard at most")
+    args = parser.parse_args(argv)
+    t0 = time.time()
+    meta = prepare(args.out_dir, args.shard_tokens)
+    print(f"shakespeare_char: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
+          f"vocab {meta['vocab_size']}, written to {args.out_dir} in {time.time() - t0:.1f}s")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

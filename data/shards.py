@@ -1,0 +1,106 @@
+"""The token shard format, as in modded-nanogpt: a 256 x int32 little-endian header [20240520, 1, n_tokens, 0, ...]
+followed by n_tokens little-endian uint16 tokens.
+
+Why a header: a shard cut short by a full disk or an interrupted copy has the wrong size for the count it announces,
+and a file that is not a shard at all has the wrong magic; both are caught when the shard is opened, with one
+sentence naming the file, instead of training quietly on garbage.
+
+Shards are written to '<name>.tmp' and renamed when complete, so a file with a shard's name is always whole.
+"""
+import glob
+import json
+import os
+
+import numpy as np
+
+from configurator import UserError
+
+MAGIC = 20240520
+VERSION = 1
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+TOKEN_DTYPE = np.dtype("<u2")
+
+
+class ShardError(UserError):
+    """A file that should be a token shard is damaged or is not one."""
+
+
+def write_shard(path, tokens):
+    """Writes tokens (any int array-like, values < 65536) as one shard, atomically."""
+    tokens = np.asarray(tokens)
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= 1 << 16):
+        raise ValueError(f"token ids must fit in uint16 to be written to {path}")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[:3] = MAGIC, VERSION, len(tokens)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.astype(TOKEN_DTYPE, copy=False).tobytes())
+    os.replace(tmp, path)
+
+
+def read_header(path):
+    """Validates a shard's header against its file size; returns its token count."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_BYTES)
+    except OSError as e:
+        raise ShardError(f"cannot read token shard {path} ({e.strerror}); prepare the dataset again.")
+    fix = "delete it and run the dataset's prepare.py again."
+    if len(raw) < HEADER_BYTES:
+        raise ShardError(f"{path} is not a token shard: it is {size} bytes, shorter than the {HEADER_BYTES}-byte header; {fix}")
+    header = np.frombuffer(raw, dtype="<i4")
+    if header[0] != MAGIC:
+        raise ShardError(f"{path} is not a token shard: its magic number is {header[0]}, not {MAGIC}; {fix}")
+    if header[1] != VERSION:
+        raise ShardError(f"{path} is a token shard of version {header[1]}, but only version {VERSION} is supported; {fix}")
+    n_tokens = int(header[2])
+    expected = HEADER_BYTES + 2 * n_tokens
+    if n_tokens < 0 or size != expected:
+        raise ShardError(f"{path} is truncated or damaged: its header announces {n_tokens} tokens ({expected} bytes) "
+                         f"but the file has {size} bytes; {fix}")
+    return n_tokens
+
+
+def open_shard(path, n_tokens=None):
+    """The shard's tokens as a read-only uint16 memmap (validated unless the caller already knows n_tokens)."""
+    if n_tokens is None:
+        n_tokens = read_header(path)
+    return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(n_tokens,))
+
+
+def read_shard(path):
+    """The shard's tokens as an in-memory uint16 array."""
+    return np.array(open_shard(path))
+
+
+def shard_paths(dataset_dir, split):
+    """The complete shards of one split ('train' or 'val'), in name order (temporary .tmp files are ignored)."""
+    return sorted(glob.glob(os.path.join(glob.escape(dataset_dir), f"{split}_*.bin")))
+
+
+def write_split(dataset_dir, split, tokens, shard_tokens=100_000_000):
+    """Writes one split as {split}_000.bin, {split}_001.bin, ... of at most shard_tokens tokens each."""
+    paths = []
+    for k, start in enumerate(range(0, max(len(tokens), 1), shard_tokens)):
+        paths.append(os.path.join(dataset_dir, f"{split}_{k:03d}.bin"))
+        write_shard(paths[-1], tokens[start:start + shard_tokens])
+    return paths
+
+
+def write_json(path, obj):
+    """Writes a JSON file atomically (meta.json is read by training and sampling)."""
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(obj, f, ensure_ascii=False)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+def clear_split_files(dataset_dir):
+    """Removes the shards (and leftover .tmp files) of an earlier preparation, so no stale shard outlives a re-prepare."""
+    for path in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val"):
+        os.remove(path)
+    for path in glob.glob(os.path.join(glob.escape(dataset_dir), "*.tmp")):
+        os.remove(path)

@@ -1,0 +1,122 @@
+"""Tokenizers: GPT-2 BPE built offline from the vendored rank file, and a character-level vocabulary.
+
+Why not `tiktoken.get_encoding("gpt2")`: it downloads its files on first use and raises a ConnectionError with no
+network. We build the identical encoding from data/gpt2.tiktoken (the r50k_base ranks, which tiktoken's gpt2
+encoding also uses) and check the file's sha256 first, so a corrupted or substituted file can never silently change
+every token id.
+
+A prepared dataset says which tokenizer made it in its meta.json; `get_tokenizer(meta)` rebuilds that tokenizer, so
+sampling decodes exactly what training saw:
+    {"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256}
+    {"tokenizer": "char", "vocab_size": 84, "itos": ["\\n", " ", "!", ...]}
+"""
+import base64
+import functools
+import hashlib
+import os
+
+import tiktoken
+
+from configurator import UserError
+
+GPT2_RANKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt2.tiktoken")
+GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+EOT = 50256  # <|endoftext|>: joins documents in every gpt2 dataset
+# the r50k / gpt2 pre-tokenisation regex, as tiktoken 0.14 ships it (tiktoken_ext/openai_public.py)
+R50K_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=4)
+def gpt2_encoding(ranks_path=GPT2_RANKS):
+    """The GPT-2 tiktoken.Encoding, read from a local rank file after checking its hash. Never touches the network."""
+    if not os.path.isfile(ranks_path):
+        raise UserError(f"the GPT-2 rank file {ranks_path} is missing; restore it with `git checkout data/gpt2.tiktoken`.")
+    digest = sha256_file(ranks_path)
+    if digest != GPT2_SHA256:
+        raise UserError(f"the GPT-2 rank file {ranks_path} has sha256 {digest}, not the expected {GPT2_SHA256}; "
+                        f"restore the vendored file with `git checkout data/gpt2.tiktoken`.")
+    ranks = {}
+    with open(ranks_path, "rb") as f:
+        for line in f.read().splitlines():
+            if line:
+                token, rank = line.split()
+                ranks[base64.b64decode(token)] = int(rank)
+    return tiktoken.Encoding(name="gpt2", pat_str=R50K_PAT, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=EOT + 1)
+
+
+class GPT2Tokenizer:
+    """GPT-2 BPE. encode() ignores special-token text (a document containing '<|endoftext|>' is encoded as plain
+    text), so the only EOT ids in a dataset are the ones the prepare scripts put between documents."""
+    name = "gpt2"
+
+    def __init__(self, ranks_path=GPT2_RANKS):
+        self.enc = gpt2_encoding(ranks_path)
+        self.vocab_size = self.enc.n_vocab  # 50257
+        self.eot = EOT
+
+    def encode(self, text):
+        return self.enc.encode_ordinary(text)
+
+    def encode_batch(self, texts, num_threads=None):
+        """Tokenises many documents on all cores (tiktoken's Rust core runs without the GIL)."""
+        return self.enc.encode_ordinary_batch(texts, num_threads=num_threads or os.cpu_count() or 1)
+
+    def decode(self, ids):
+        return self.enc.decode([int(i) for i in ids])
+
+    def meta(self):
+        return {"tokenizer": "gpt2", "vocab_size": self.vocab_size, "eot": self.eot}
+
+
+class CharTokenizer:
+    """One token per character; the vocabulary is the sorted set of characters of the corpus."""
+    name = "char"
+
+    def __init__(self, itos):
+        self.itos = list(itos)
+        self.stoi = {c: i for i, c in enumerate(self.itos)}
+        if len(self.stoi) != len(self.itos) or any(len(c) != 1 for c in self.itos):
+            raise UserError("the char vocabulary in meta.json is damaged (it must list distinct single characters); "
+                            "prepare the dataset again.")
+        self.vocab_size = len(self.itos)
+
+    @classmethod
+    def from_text(cls, text):
+        return cls(sorted(set(text)))
+
+    def encode(self, text):
+        try:
+            return [self.stoi[c] for c in text]
+        except KeyError as e:
+            raise UserError(f"the character {e.args[0]!r} is not in this dataset's vocabulary of "
+                            f"{self.vocab_size} characters; use only characters that occur in the training text.")
+
+    def decode(self, ids):
+        return "".join(self.itos[int(i)] for i in ids)
+
+    def meta(self):
+        return {"tokenizer": "char", "vocab_size": self.vocab_size, "itos": self.itos}
+
+
+def get_tokenizer(meta):
+    """The tokenizer described by a dataset's meta.json dict (or just its name, 'gpt2')."""
+    if isinstance(meta, str):
+        meta = {"tokenizer": meta}
+    name = meta.get("tokenizer")
+    if name == "gpt2":
+        return GPT2Tokenizer()
+    if name == "char":
+        if "itos" not in meta:
+            raise UserError("a char tokenizer needs the vocabulary ('itos') saved in the dataset's meta.json; "
+                            "prepare the dataset again.")
+        return CharTokenizer(meta["itos"])
+    raise UserError(f"unknown tokenizer {name!r} in meta.json; expected 'gpt2' or 'char'.")

@@ -1,0 +1,469 @@
+"""Tests of data/: offline tokenizers, the shard format, the OpenWebText pipeline on a synthetic archive with the
+hub's nesting, the loader's determinism, and the Shakespeare prepare scripts run as a user runs them."""
+import importlib.util
+import io
+import json
+import lzma
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+
+import numpy as np
+import pytest
+import tiktoken
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from configurator import UserError
+from data import tokenizer as tokmod
+from data.corpus import read_shakespeare
+from data.loader import DataLoader, DatasetNotPrepared
+from data.shards import HEADER_BYTES, MAGIC, ShardError, read_header, read_shard, shard_paths, write_shard
+from data.tokenizer import EOT, CharTokenizer, get_tokenizer
+
+EOT_TEXT = "<|endoftext|>"
+
+
+def load_script(relpath):
+    """Imports data/<name>/prepare.py as a module (the dataset folders are not packages)."""
+    spec = importlib.util.spec_from_file_location(relpath.replace("/", "_")[:-3], os.path.join(REPO, relpath))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a connection (or to use tiktoken's downloading get_encoding) fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("network access attempted")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(tiktoken, "get_encoding", refuse)
+    tokmod.gpt2_encoding.cache_clear()  # build it here, under the ban
+    yield
+    tokmod.gpt2_encoding.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------------- tokenizers
+
+def test_gpt2_tokenizer_works_offline_and_round_trips_the_corpus(no_network):
+    tok = get_tokenizer({"tokenizer": "gpt2"})
+    assert tok.encode("Hello world") == [15496, 995]
+    assert tok.encode(" the\n") == [262, 198]
+    assert tok.vocab_size == 50257 and tok.eot == EOT == 50256
+    text = read_shakespeare()
+    paragraph = text[text.index("To be, or not to be"):][:1500]
+    ids = tok.encode(paragraph)
+    assert 250 < len(ids) < 600 and max(ids) < EOT
+    assert tok.decode(ids) == paragraph
+    # special-token text inside a document is plain text: only prepare scripts put EOT ids in a dataset
+    assert EOT not in tok.encode(f"a{EOT_TEXT}b") and tok.decode(tok.encode(EOT_TEXT)) == EOT_TEXT
+
+
+def test_gpt2_rank_file_is_hash_checked(tmp_path):
+    bad = tmp_path / "gpt2.tiktoken"
+    lines = open(tokmod.GPT2_RANKS, "rb").read().splitlines()
+    lines[100], lines[101] = lines[101].split()[0] + b" 100", lines[100].split()[0] + b" 101"  # swap two ranks
+    bad.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(UserError) as err:
+        tokmod.gpt2_encoding(str(bad))
+    assert str(bad) in str(err.value) and "sha256" in str(err.value) and tokmod.GPT2_SHA256 in str(err.value)
+    with pytest.raises(UserError, match="missing"):
+        tokmod.gpt2_encoding(str(tmp_path / "absent.tiktoken"))
+
+
+def test_char_tokenizer_round_trips_from_its_meta_and_names_unknown_characters():
+    tok = CharTokenizer.from_text("hello, world\n")
+    meta = json.loads(json.dumps(tok.meta()))  # as saved in meta.json
+    again = get_tokenizer(meta)
+    assert again.vocab_size == 10 and again.decode(again.encode("world, hello\n")) == "world, hello\n"
+    assert again.encode("dew") == [tok.stoi["d"], tok.stoi["e"], tok.stoi["w"]]
+    with pytest.raises(UserError, match="'z' is not in"):
+        again.encode("zoo")
+    with pytest.raises(UserError, match="unknown tokenizer"):
+        get_tokenizer({"tokenizer": "bpe"})
+
+
+# -------------------------------------------------------------------------------------------- shard format
+
+def test_shard_write_read_round_trip(tmp_path):
+    path = str(tmp_path / "train_000.bin")
+    tokens = np.array([0, 1, 50256, 65535, 7] * 3, dtype=np.int64)
+    write_shard(path, tokens)
+    assert os.listdir(tmp_path) == ["train_000.bin"]  # the temporary file was renamed
+    assert os.path.getsize(path) == HEADER_BYTES + 2 * len(tokens)
+    header = np.fromfile(path, dtype="<i4", count=256)
+    assert list(header[:3]) == [20240520, 1, 15] and not header[3:].any()
+    assert read_header(path) == 15
+    back = read_shard(path)
+    assert back.dtype == np.uint16 and back.tolist() == tokens.tolist()
+    with pytest.raises(ValueError):
+        write_shard(str(tmp_path / "x.bin"), [65536])
+
+
+def test_truncated_or_foreign_shards_are_refused_with_one_clear_sentence(tmp_path):
+    good = str(tmp_path / "good.bin")
+    write_shard(good, np.arange(100))
+    truncated = str(tmp_path / "truncated.bin")
+    with open(good, "rb") as f, open(truncated, "wb") as g:
+        g.write(f.read()[:-2])
+    foreign = str(tmp_path / "foreign.bin")
+    raw = bytearray(open(good, "rb").read())
+    raw[:4] = np.array([12345], dtype="<i4").tobytes()
+    open(foreign, "wb").write(bytes(raw))
+    tiny = str(tmp_path / "tiny.bin")
+    open(tiny, "wb").write(b"\x00" * 10)
+    for path, words in [(truncated, "truncated"), (foreign, "magic number is 12345"), (tiny, "shorter than")]:
+        with pytest.raises(ShardError) as err:
+            read_header(path)
+        message = str(err.value)
+        assert path in message and words in message and "\n" not in message
+        assert isinstance(err.value, UserError)
+    # the loader checks every shard when it starts
+    os.makedirs(tmp_path / "d" / "broken")
+    shutil.copy(truncated, tmp_path / "d" / "broken" / "train_000.bin")
+    shutil.copy(good, tmp_path / "d" / "broken" / "val_000.bin")
+    (tmp_path / "d" / "broken" / "meta.json").write_text('{"tokenizer": "gpt2", "vocab_size": 50257}')
+    with pytest.raises(ShardError, match="train_000.bin is truncated"):
+        DataLoader("broken", 8, 2, 0, data_dir=str(tmp_path / "d"))
+
+
+# ------------------------------------------------------------------------------------ OpenWebText pipeline
+
+WORDS = ["the", "cat", "sat", "on", "mat", "café", "naïve", "—", "🙂", "42", "Zürich", "’quoted’", "a,b", "new\nline"]
+
+
+def make_subset_archive(path, subset, n_xz=3, docs_per_xz=8, seed=0):
+    """A subset archive with the hub's nesting: a tar holding openwebtext/urlsf_subsetNN-J_data.xz files, each an
+    xz-compressed tar of .txt documents. Returns [(key, raw_text)] in archive order."""
+    rng = random.Random(seed * 100 + subset)
+    docs = []
+    with tarfile.open(path, "w") as outer:
+        folder = tarfile.TarInfo("openwebtext")
+        folder.type = tarfile.DIRTYPE
+        outer.addfile(folder)
+        for j in range(1, n_xz + 1):
+            xz_name = f"openwebtext/urlsf_subset{subset:02d}-{j}_data.xz"
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as inner:
+                for d in range(docs_per_xz):
+                    paragraphs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 120)))
+                                  for _ in range(rng.randint(1, 4))]
+                    text = "  \n" + rng.choice(["\n\n\n\n", "\n\n", "\n\n\n"]).join(paragraphs) + "\n\n\n"
+                    if d == 3:
+                        text = " \n\n \n"  # empty once cleaned: skipped
+                    if d == 5:
+                        text += f"literal {EOT_TEXT} in a page"
+                    name = f"{subset:02d}{j:02d}{d:03d}-{rng.getrandbits(32):08x}.txt"
+                    data = text.encode("utf-8")
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    inner.addfile(info, io.BytesIO(data))
+                    docs.append((f"{xz_name}/{name}", text))
+            xz = lzma.compress(buf.getvalue())
+            info = tarfile.TarInfo(xz_name)
+            info.size = len(xz)
+            outer.addfile(info, io.BytesIO(xz))
+    return docs
+
+
+def split_on_eot(tokens):
+    """[EOT] d1 [EOT] d2 ... -> [d1, d2, ...]"""
+    tokens = np.asarray(tokens).tolist()
+    assert tokens[0] == EOT
+    docs, cur = [], None
+    for t in tokens:
+        if t == EOT:
+            if cur is not None:
+                docs.append(cur)
+            cur = []
+        else:
+            cur.append(t)
+    return docs + [cur]
+
+
+def read_split(out_dir, prefix):
+    return np.concatenate([read_shard(p) for p in sorted(shard_paths(str(out_dir), prefix.split("_")[0])) if
+                           os.path.basename(p).startswith(prefix)])
+
+
+@pytest.fixture
+def owt(tmp_path, monkeypatch):
+    """The openwebtext prepare module with download() replaced by two local synthetic archives."""
+    module = load_script("data/openwebtext/prepare.py")
+    archives, expected = {}, {}
+    for subset in (0, 1):
+        archives[subset] = str(tmp_path / f"urlsf_subset{subset:02d}.tar")
+        expected[subset] = make_subset_archive(archives[subset], subset)
+    downloads = []
+
+    def fake_download(subset, cache_dir):
+        downloads.append(subset)
+        return archives[subset]
+    monkeypatch.setattr(module, "download", fake_download)
+    module.test_downloads, module.test_expected = downloads, expected
+    return module
+
+
+OWT_ARGS = dict(subsets="0-1", shard_tokens=1000, val_fraction=0.25, num_threads=2)
+
+
+def all_files(folder):
+    return {name: open(os.path.join(folder, name), "rb").read() for name in sorted(os.listdir(folder))}
+
+
+def test_openwebtext_pipeline_end_to_end(owt, tmp_path):
+    out = tmp_path / "owt"
+    meta = owt.prepare(out_dir=str(out), **OWT_ARGS)
+    assert owt.test_downloads == [0, 1]
+    tok = get_tokenizer(meta)
+    n_train = n_val = 0
+    for subset in (0, 1):
+        expected = [(key, owt.clean(raw)) for key, raw in owt.test_expected[subset] if owt.clean(raw)]
+        assert len(expected) == 3 * 7  # one whitespace-only page per .xz is dropped
+        want_val = [text for key, text in expected if owt.is_val(key, 0.25)]
+        want_train = [text for key, text in expected if not owt.is_val(key, 0.25)]
+        assert want_val and want_train
+        # every shard has a valid header; train shards hold exactly shard_tokens tokens except the last
+        train_paths = sorted(str(p) for p in out.glob(f"train_s{subset:02d}_*.bin"))
+        sizes = [read_header(p) for p in train_paths]
+        assert len(sizes) >= 3 and set(sizes[:-1]) == {1000} and 0 < sizes[-1] <= 1000
+        assert [os.path.basename(p) for p in train_paths] == [f"train_s{subset:02d}_{k:03d}.bin" for k in range(len(sizes))]
+        train = read_split(out, f"train_s{subset:02d}")
+        val = read_split(out, f"val_s{subset:02d}")
+        # documents come back exactly, cleaned, in archive order, each preceded by one EOT
+        assert [tok.decode(d) for d in split_on_eot(train)] == want_train
+        assert [tok.decode(d) for d in split_on_eot(val)] == want_val
+        assert (train == EOT).sum() == len(want_train) and (val == EOT).sum() == len(want_val)
+        assert all("\n\n\n" not in t and t == t.strip() for _, t in expected)
+        n_train, n_val = n_train + len(train), n_val + len(val)
+        record = json.load(open(out / f"done_s{subset:02d}.json"))
+        assert record["documents"] == len(expected) and record["val_documents"] == len(want_val)
+        assert record["revision"] == owt.REVISION and len(owt.REVISION) == 40
+    saved = json.load(open(out / "meta.json"))
+    assert saved["subsets"] == [0, 1] and saved["tokenizer"] == "gpt2"
+    assert (saved["train_tokens"], saved["val_tokens"]) == (n_train, n_val)
+    # done subsets are skipped: nothing is downloaded again and nothing changes
+    before = all_files(out)
+    owt.prepare(out_dir=str(out), **OWT_ARGS)
+    assert owt.test_downloads == [0, 1] and all_files(out) == before
+    # and the loader reads the result
+    loader = DataLoader("owt", 16, 4, 0, data_dir=str(tmp_path))
+    x, y = loader.next_batch()
+    assert x.shape == (4, 16) and int(x.max()) <= EOT
+
+
+def test_openwebtext_interrupted_run_resumes_to_identical_shards(owt, tmp_path, monkeypatch):
+    clean = tmp_path / "clean"
+    owt.prepare(out_dir=str(clean), **OWT_ARGS)
+    interrupted = tmp_path / "interrupted"
+    real_write = owt.write_shard
+    written = []
+
+    def write_then_fail(path, tokens):
+        if written:
+            raise KeyboardInterrupt  # as a Ctrl-C in the middle of subset 0
+        real_write(path, tokens)
+        written.append(os.path.basename(path))
+    monkeypatch.setattr(owt, "write_shard", write_then_fail)
+    with pytest.raises(KeyboardInterrupt):
+        owt.prepare(out_dir=str(interrupted), **OWT_ARGS)
+    assert sorted(os.listdir(interrupted)) == ["train_s00_000.bin"]  # no half shard, no done record, no meta yet
+    monkeypatch.setattr(owt, "write_shard", real_write)
+    owt.prepare(out_dir=str(interrupted), **OWT_ARGS)
+    assert all_files(interrupted) == all_files(clean)
+    assert len([n for n in os.listdir(clean) if n.endswith(".bin")]) >= 8
+
+
+def test_openwebtext_says_clearly_what_is_wrong(owt, tmp_path, monkeypatch):
+    with pytest.raises(UserError, match="there is no subset 21: .* has subsets 0-20"):
+        owt.parse_subsets("0,21", None)
+    with pytest.raises(UserError, match="cannot read the subset 'x'"):
+        owt.parse_subsets("x", None)
+    assert owt.parse_subsets("0-2,5", None) == [0, 1, 2, 5] and owt.parse_subsets(None, None) == [0, 1]
+    # a tar of plain .txt files is not the hub layout
+    flat = str(tmp_path / "flat.tar")
+    with tarfile.open(flat, "w") as t:
+        info = tarfile.TarInfo("a.txt")
+        info.size = 5
+        t.addfile(info, io.BytesIO(b"hello"))
+    with pytest.raises(UserError, match=r"flat.tar is not laid out .* holds no \.xz files \(it holds a\.txt\)"):
+        owt.prepare_subset(0, flat, str(tmp_path))
+    # an .xz that is not an xz-compressed tar
+    fake = str(tmp_path / "fake.tar")
+    with tarfile.open(fake, "w") as t:
+        info = tarfile.TarInfo("openwebtext/urlsf_subset00-1_data.xz")
+        info.size = 9
+        t.addfile(info, io.BytesIO(b"not an xz"))
+    with pytest.raises(UserError, match="urlsf_subset00-1_data.xz is not an xz-compressed tar"):
+        owt.prepare_subset(0, fake, str(tmp_path))
+    # no network: the real download function fails with a sentence, not a traceback
+    import huggingface_hub.constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    real = load_script("data/openwebtext/prepare.py")
+    with pytest.raises(UserError, match="could not download subsets/urlsf_subset03.tar from Skylion007/openwebtext"):
+        real.download(3, str(tmp_path / "cache"))
+
+
+# ------------------------------------------------------------------------------------------------- loader
+
+T = 8  # block_size of the synthetic loader tests
+
+
+def make_dataset(root, name, train_lengths, val_lengths):
+    """Shard i of a split holds 1000*i + 0, 1, 2, ...: a window is contiguous in one shard iff its tokens step by 1."""
+    folder = os.path.join(root, name)
+    os.makedirs(folder)
+    for split, lengths, base in (("train", train_lengths, 0), ("val", val_lengths, 10_000)):
+        for i, n in enumerate(lengths):
+            write_shard(os.path.join(folder, f"{split}_{i:03d}.bin"), base + 1000 * i + np.arange(n))
+    with open(os.path.join(folder, "meta.json"), "w") as f:
+        json.dump({"tokenizer": "gpt2", "vocab_size": 50257}, f)
+    return str(root)
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    # shard 1 holds exactly one window of T+1 tokens, shard 2 is too short for any
+    return make_dataset(tmp_path, "toy", [50, T + 1, 5, 120], [40, 30])
+
+
+def batches(loader, n):
+    return [loader.next_batch() for _ in range(n)]
+
+
+def same(a, b):
+    return all((xa == xb).all() and (ya == yb).all() for (xa, ya), (xb, yb) in zip(a, b)) and len(a) == len(b)
+
+
+def test_loader_same_seed_same_batches(synthetic):
+    a, b, c = (DataLoader("toy", T, 4, seed, data_dir=synthetic) for seed in (7, 7, 8))
+    ba, bb, bc = batches(a, 20), batches(b, 20), batches(c, 20)
+    assert same(ba, bb) and a.batch_hash == b.batch_hash
+    assert not same(ba, bc) and a.batch_hash != c.batch_hash
+    x, y = ba[0]
+    assert x.dtype == y.dtype and str(x.dtype) == "torch.int64" and x.shape == y.shape == (4, T)
+    assert (x[:, 1:] == y[:, :-1]).all()
+
+
+def test_loader_windows_never_cross_a_shard_end(synthetic):
+    loader = DataLoader("toy", T, 16, 0, data_dir=synthetic)
+    lengths = [50, T + 1, 5, 120]
+    seen_shards, last_tokens = set(), set()
+    for x, y in batches(loader, 60):
+        w = np.concatenate([x.numpy(), y.numpy()[:, -1:]], axis=1)  # the T+1 tokens of each window
+        assert (np.diff(w, axis=1) == 1).all()  # contiguous, so inside one shard
+        shard, start = w[:, 0] // 1000, w[:, 0] % 1000
+        assert (start + T + 1 <= np.array(lengths)[shard]).all()
+        seen_shards.update(shard.tolist())
+        last_tokens.update(w[:, -1].tolist())
+    assert seen_shards == {0, 1, 3}  # shard 2 is shorter than a window
+    assert {49, 1000 + T, 3119} <= last_tokens  # the last window of each shard is reachable
+
+
+def test_validation_windows_are_shared_by_every_run(synthetic):
+    a = DataLoader("toy", T, 4, 1, data_dir=synthetic)
+    b = DataLoader("toy", T, 4, 999, rank=1, world_size=2, data_dir=synthetic)
+    batches(a, 3)  # training draws do not move the validation windows
+    va, vb = a.val_batches(5), b.val_batches(5)
+    assert same(va, vb)
+    assert same(DataLoader("toy", T, 4, 2, data_dir=synthetic).val_batches(2), va[:2])
+    for x, y in va:
+        w = np.concatenate([x.numpy(), y.numpy()[:, -1:]], axis=1)
+        assert (w >= 10_000).all() and (np.diff(w, axis=1) == 1).all()  # from val shards, inside one shard
+    assert not same(va[:1], va[1:2])
+
+
+def test_ddp_ranks_split_the_single_process_stream(synthetic):
+    single = batches(DataLoader("toy", T, 4, 5, data_dir=synthetic), 8)
+    rank0 = batches(DataLoader("toy", T, 4, 5, rank=0, world_size=2, data_dir=synthetic), 4)
+    rank1 = batches(DataLoader("toy", T, 4, 5, rank=1, world_size=2, data_dir=synthetic), 4)
+    assert same(rank0, single[0::2]) and same(rank1, single[1::2])
+
+
+def test_loader_resumes_exactly(synthetic):
+    a = DataLoader("toy", T, 4, 3, data_dir=synthetic)
+    batches(a, 7)
+    state = json.loads(json.dumps(a.state_dict()))  # survives a checkpoint
+    b = DataLoader("toy", T, 4, 3, data_dir=synthetic)
+    b.load_state_dict(state)
+    assert same(batches(a, 5), batches(b, 5)) and a.batch_hash == b.batch_hash
+    with pytest.raises(UserError, match="batch_size"):
+        DataLoader("toy", T, 2, 3, data_dir=synthetic).load_state_dict(state)
+
+
+def test_missing_dataset_names_the_prepare_command(tmp_path):
+    with pytest.raises(DatasetNotPrepared) as err:
+        DataLoader("shakespeare_char", 8, 2, 0, data_dir=str(tmp_path))
+    message = str(err.value)
+    assert isinstance(err.value, UserError)
+    assert message.startswith(f"dataset shakespeare_char is not prepared in {tmp_path}")
+    assert "run `python data/shakespeare_char/prepare.py" in message and "\n" not in message
+
+
+# --------------------------------------------------------------------------------- Shakespeare, as users run it
+
+OFFLINE_RUN = """
+import runpy, socket, sys
+def refuse(*args, **kwargs):
+    raise OSError("network access attempted")
+socket.socket.connect = socket.getaddrinfo = refuse
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def run_offline(script, *args):
+    return subprocess.run([sys.executable, "-c", OFFLINE_RUN, script, *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("name, tokens, vocab", [("shakespeare_char", 5_057_321, 84), ("shakespeare", 1_566_041, 50257)])
+def test_shakespeare_prepare_scripts_run_offline(tmp_path, name, tokens, vocab):
+    out = tmp_path / name
+    result = run_offline(f"data/{name}/prepare.py", f"--out_dir={out}")
+    assert result.returncode == 0, result.stderr
+    meta = json.load(open(out / "meta.json"))
+    assert meta["vocab_size"] == vocab and meta["train_tokens"] + meta["val_tokens"] == tokens
+    assert sorted(os.listdir(out)) == ["meta.json", "train_000.bin", "val_000.bin"]
+    tok = get_tokenizer(meta)
+    train, val = read_shard(str(out / "train_000.bin")), read_shard(str(out / "val_000.bin"))
+    text = read_shakespeare()
+    val_text = tok.decode(val)
+    assert tok.decode(train) + val_text == text  # nothing lost or changed
+    assert val_text.startswith("THE HISTORY OF TROILUS AND CRESSIDA\n") and 0.09 < len(val_text) / len(text) < 0.11
+    x, y = DataLoader(name, 32, 2, 0, data_dir=str(tmp_path)).next_batch()
+    assert tok.decode(x[0].tolist()) in text
+
+
+def test_prepared_shakespeare_char_fixture_feeds_the_loader(shakespeare_char_dir):
+    loader = DataLoader("shakespeare_char", 64, 3, 0, data_dir=shakespeare_char_dir)
+    assert loader.vocab_size == 84 and loader.meta["tokenizer"] == "char"
+    tok = get_tokenizer(loader.meta)
+    x, y = loader.val_batches(1)[0]
+    assert all(tok.decode(row.tolist()) in read_shakespeare() for row in x)
+
+
+def test_text_prepare_turns_local_files_into_a_dataset(tmp_path):
+    text_prepare = load_script("data/text/prepare.py")
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    (tmp_path / "in" / "b.txt").write_text("Second file, café.\n", encoding="utf-8")
+    (tmp_path / "in" / "sub" / "a.txt").write_text("First file.\n" * 20, encoding="utf-8")
+    (tmp_path / "in" / "notes.md").write_text("not text", encoding="utf-8")
+    meta = text_prepare.prepare([str(tmp_path / "in")], "gpt2", out_dir=str(tmp_path / "mine"), val_fraction=0.2)
+    tok = get_tokenizer(meta)
+    stream = np.concatenate([read_shard(str(tmp_path / "mine" / f)) for f in ("train_000.bin", "val_000.bin")])
+    assert meta["files"] == 2 and [tok.decode(d) for d in split_on_eot(stream)] == ["Second file, café.\n", "First file.\n" * 20]
+    assert meta["val_tokens"] == round(0.2 * len(stream))
+    meta = text_prepare.prepare(str(tmp_path / "in" / "b.txt"), "char", out_dir=str(tmp_path / "c"), val_fraction=0.2)
+    assert meta["vocab_size"] == len(set("Second file, café.\n"))
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(UserError, match="latin1.txt is not UTF-8 text"):
+        text_prepare.prepare(str(tmp_path / "latin1.txt"), "gpt2", out_dir=str(tmp_path / "x"))
