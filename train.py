@@ -16,8 +16,9 @@ Semantics worth knowing:
   batch_size * block_size * gradient_accumulation_steps * world_size tokens. With the loader's stream semantics,
   2 processes x 1 accumulation step see exactly the batches of 1 process x 2 accumulation steps.
 - log.jsonl has one JSON object per logged iteration; `iter` counts optimizer steps completed. A line with
-  `val_loss` is an evaluation line; the checkpoint written at iteration k comes after line k, and a resumed run
-  drops any line past the checkpoint's iteration before appending, so the file never holds a step twice.
+  `val_loss` is an evaluation line (its `val_hash` identifies the validation windows); the checkpoint written at
+  iteration k comes after line k, and a resumed run drops any line past the checkpoint's iteration before
+  appending, so the file never holds a step twice.
 - init_from=resume takes the settings saved in out_dir/ckpt.pt and applies only what you pass explicitly on top;
   model keys and the data stream (dataset, batch_size, block_size, seed, number of processes) cannot change.
 - A scratch run refuses to overwrite an out_dir that already holds a checkpoint (pass --overwrite=True).
@@ -25,6 +26,7 @@ Semantics worth knowing:
   step, numbered as log.jsonl numbers them), to exercise the non-finite-loss stop. It has no other effect.
 """
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -319,6 +321,8 @@ def main(argv):
                         world_size=world_size, data_dir=cfg['data_dir'])
     meta = loader.meta
     val_batches = loader.val_batches(cfg['eval_iters'])  # fixed windows: every run is evaluated on the same tokens
+    # a hash of those windows, logged on evaluation lines, so a comparison can check every run saw the same tokens
+    val_hash = hashlib.sha256(b''.join(X.numpy().tobytes() + Y.numpy().tobytes() for X, Y in val_batches)).hexdigest()
 
     # -------------------------------------------------------------------------
     # model
@@ -466,7 +470,8 @@ def main(argv):
     try:
         if iter_num == 0:  # the untrained model's validation loss starts every curve
             val_loss = evaluate()
-            record = {'iter': 0, 'tokens': 0, 'lr': get_lr(0, cfg), 'val_loss': val_loss, 'batch_hash': loader.batch_hash}
+            record = {'iter': 0, 'tokens': 0, 'lr': get_lr(0, cfg), 'val_loss': val_loss, 'val_hash': val_hash,
+                      'batch_hash': loader.batch_hash}
             act = activation_stats()
             if act:
                 record['act'] = act
@@ -540,6 +545,7 @@ def main(argv):
             if is_eval:
                 val_loss = evaluate()
                 record['val_loss'] = val_loss
+                record['val_hash'] = val_hash
                 act = activation_stats()
                 if act:
                     record['act'] = act

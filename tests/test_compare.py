@@ -1,0 +1,241 @@
+"""Tests of compare.py on a tiny model: two variants x two seeds x 4 iterations, trained once (a module fixture) and
+checked against the runs' own logs; then the same command again (reuse), a cut-off run (resume), a run that stops on a
+non-finite loss, and the user mistakes. compare.main runs in-process; each training run is a train.py subprocess."""
+import contextlib
+import io
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import compare
+from configurator import UserError, run_cli
+from model import GPT, GPTConfig
+
+VARIANTS = ['gelu', 'moa']  # a fixed activation and one that logs what it learned ('act')
+SEEDS = [1337, 1338]
+TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
+        '--lr_decay_iters=4', '--warmup_iters=1', '--eval_interval=2', '--eval_iters=2', '--log_interval=1',
+        '--device=cpu', '--compile=False', '--dtype=float32']
+
+
+def args(data_dir, out_dir, *extra):
+    return [f'--data_dir={data_dir}', f'--out_dir={out_dir}', f'--variants={",".join(VARIANTS)}',
+            f'--seeds={len(SEEDS)}', '--jobs=2', '--threads=1', *TINY, *extra]
+
+
+def run_compare(argv):
+    """compare.main in this process; returns its stdout (the progress bar and the table)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        compare.main(argv)
+    return buf.getvalue()
+
+
+def read_log(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope='module')
+def compared(shakespeare_char_dir, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp('compare') / 'cmp')
+    argv = args(shakespeare_char_dir, out)
+    stdout = run_compare(argv)
+    return argv, out, stdout
+
+
+def run_dir(out, variant, seed):
+    return os.path.join(out, variant, f'seed{seed}')
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# check 1: the summary is the runs' logs, and every variant saw the same batches and validation windows
+
+
+def test_summary_matches_logs(compared):
+    _, out, _ = compared
+    with open(os.path.join(out, 'summary.json')) as f:
+        summary = json.load(f)
+    assert summary['baseline'] == 'gelu' and summary['seeds'] == SEEDS and list(summary['variants']) == VARIANTS
+    logs = {(v, s): read_log(os.path.join(run_dir(out, v, s), 'log.jsonl')) for v in VARIANTS for s in SEEDS}
+    finals = {}
+    for (v, s), log in logs.items():
+        assert log[-1]['iter'] == 4 and 'val_loss' in log[-1] and log[-1]['tokens'] == 4 * 4 * 32
+        finals[v, s] = log[-1]['val_loss']
+    for v in VARIANTS:
+        got = summary['variants'][v]
+        vals = [finals[v, s] for s in SEEDS]
+        assert got['final_val_loss']['mean'] == pytest.approx(statistics.fmean(vals), rel=1e-12)
+        assert got['final_val_loss']['std'] == pytest.approx(statistics.stdev(vals), rel=1e-12)
+        for r, s in zip(got['runs'], SEEDS):
+            log = logs[v, s]
+            assert r['seed'] == s and r['final_val_loss'] == finals[v, s] and r['status'] == 'done'
+            assert r['batch_hash'] == log[-1]['batch_hash']
+            train_lines = [x for x in log if 'loss' in x]
+            assert r['tok_s'] == pytest.approx(statistics.median(x['tok_s'] for x in train_lines))
+            # every line's ms is the mean step time since the previous line: one step each here (log_interval=1)
+            assert r['train_time_s'] == pytest.approx(sum(x['ms'] for x in train_lines) / 1000.0)
+            acts = [x['act'] for x in log if x.get('act')]
+            assert r['act'] == (acts[-1] if acts else None)
+        # parameters: the model the run trained, rebuilt from its checkpoint's model_args
+        model_args = torch.load(os.path.join(run_dir(out, v, SEEDS[0]), 'ckpt.pt'), weights_only=True)['model_args']
+        assert got['params'] == GPT(GPTConfig(**model_args)).param_report()
+    # the paired difference to the baseline, seed by seed
+    diffs = [finals['moa', s] - finals['gelu', s] for s in SEEDS]
+    d = summary['variants']['moa']['diff_to_baseline']
+    assert d['mean'] == pytest.approx(statistics.fmean(diffs), rel=1e-9)
+    assert d['std'] == pytest.approx(statistics.stdev(diffs), rel=1e-9)
+    assert d['t'] == pytest.approx(d['mean'] / (d['std'] / math.sqrt(2))) and d['resolved'] == (abs(d['t']) > 12.71)
+    assert summary['variants']['gelu']['diff_to_baseline'] is None
+    pooled = math.sqrt(statistics.fmean([statistics.variance([finals[v, s] for s in SEEDS]) for v in VARIANTS]))
+    assert summary['seed_std'] == pytest.approx(pooled, rel=1e-9)
+    # what MoA learned: α and the gate statistics per layer, from the last evaluation
+    layer = summary['variants']['moa']['learned']['layers'][0]
+    assert len(layer['alpha']) == len(layer['gate_mean']) == len(layer['gate_std']) == 6
+    assert summary['variants']['gelu']['learned'] is None
+    # same training batches for every variant of a seed (every logged step, not just the last), different across seeds
+    for s in SEEDS:
+        streams = [[(x['iter'], x['batch_hash']) for x in logs[v, s]] for v in VARIANTS]
+        assert all(st == streams[0] for st in streams)
+    assert logs['gelu', SEEDS[0]][-1]['batch_hash'] != logs['gelu', SEEDS[1]][-1]['batch_hash']
+    # same validation windows everywhere: the hash train.py logs on every evaluation line
+    val_hashes = {x['val_hash'] for log in logs.values() for x in log if 'val_loss' in x}
+    assert len(val_hashes) == 1 and summary['same_val_windows'] is True
+    assert all(summary['same_batches'].values())
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# check 2: the same command again retrains nothing and writes the same summary
+
+
+def test_rerun_reuses_finished_runs(compared):
+    argv, out, _ = compared
+    files = [os.path.join(run_dir(out, v, s), name) for v in VARIANTS for s in SEEDS for name in ('ckpt.pt', 'log.jsonl')]
+    mtimes = [os.stat(p).st_mtime_ns for p in files]
+    with open(os.path.join(out, 'summary.json')) as f:
+        before = f.read()
+    stdout = run_compare(argv)
+    assert '(4 to reuse, 0 to train)' in stdout and stdout.count('reused') == 4
+    assert [os.stat(p).st_mtime_ns for p in files] == mtimes
+    with open(os.path.join(out, 'summary.json')) as f:
+        assert f.read() == before
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# check 3: the outputs
+
+
+def test_outputs(compared):
+    _, out, stdout = compared
+    png = os.path.join(out, 'loss.png')
+    with open(png, 'rb') as f:
+        assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.image
+    img = matplotlib.image.imread(png)
+    assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 600
+    with open(os.path.join(out, 'summary.md')) as f:
+        md = f.read()
+    rows = [line for line in md.splitlines() if line.startswith('| ')]
+    for v in VARIANTS:
+        assert sum(r.startswith(f'| {v} |') for r in rows) == 1
+    assert '| gelu |' in stdout and '| moa |' in stdout  # the table is printed at the end
+    assert 'Seed noise' in md and 'moa' in md.split('What the learnable activations learned')[1]
+    # each run kept its quietened output and the settings it was started with
+    rec = json.load(open(os.path.join(run_dir(out, 'moa', SEEDS[1]), 'compare.json')))
+    assert rec['status'] == 'done' and rec['args']['ffn'] == 'moa' and rec['args']['seed'] == str(SEEDS[1])
+    assert 'done: 4 iterations' in open(os.path.join(run_dir(out, 'moa', SEEDS[1]), 'train.out')).read()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a run that stops on a non-finite loss is reported, not hidden, and not retried; a cut-off run resumes from its
+# checkpoint and ends exactly where an uninterrupted one does (one partial run serves both: ~2 train.py starts)
+
+
+def test_stopped_and_cut_off_runs(compared, shakespeare_char_dir, tmp_path, monkeypatch):
+    _, out, _ = compared
+    moved = str(tmp_path / 'cmp')
+    shutil.copytree(out, moved)  # a comparison directory may be moved: runs are identified by their settings
+    part = run_dir(moved, 'moa', SEEDS[1])
+    shutil.rmtree(part)
+    argv = args(shakespeare_char_dir, moved)
+    monkeypatch.setenv('NANOFFN_NAN_AT', '3')  # train.py's debug hook: iteration 3's loss is NaN
+    stdout = run_compare(argv)
+    assert '(3 to reuse, 1 to train)' in stdout and 'STOPPED' in stdout and 'non-finite' in stdout
+    summary = json.load(open(os.path.join(moved, 'summary.json')))
+    moa = summary['variants']['moa']
+    assert moa['status'] == 'stopped' and [r['status'] for r in moa['runs']] == ['done', 'stopped']
+    assert moa['final_val_loss']['n'] == 1  # the stopped seed has no final loss to average
+    assert 'stopped at iteration 2' in open(os.path.join(moved, 'summary.md')).read()
+    monkeypatch.delenv('NANOFFN_NAN_AT')
+    assert '(4 to reuse, 0 to train)' in run_compare(argv)  # a stop is a result: the same command does not retry it
+
+    # what a kill at iteration 3 leaves: the checkpoint and log of iteration 2, and a record still saying 'running'
+    record_path = os.path.join(part, 'compare.json')
+    record = json.load(open(record_path))
+    with open(record_path, 'w') as f:
+        json.dump({'args': record['args'], 'status': 'running'}, f)
+    stdout = run_compare(argv)
+    assert '(3 to reuse, 1 to train)' in stdout and 'resumed from iteration 2' in stdout
+    resumed, full = (read_log(os.path.join(d, 'log.jsonl')) for d in (part, run_dir(out, 'moa', SEEDS[1])))
+    keys = ('iter', 'tokens', 'loss', 'val_loss', 'batch_hash', 'val_hash', 'act')
+    assert [[r.get(k) for k in keys] for r in resumed] == [[r.get(k) for k in keys] for r in full]
+    a, b = (json.load(open(os.path.join(d, 'summary.json'))) for d in (moved, out))
+    assert a['variants']['moa']['final_val_loss'] == b['variants']['moa']['final_val_loss']
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# user mistakes: one sentence on stderr, exit status 2, nothing trained
+
+
+@pytest.mark.parametrize('extra, words', [
+    (['--variants=gelu,swishglu'], 'unknown variant'),
+    (['--variants=gelu,relu2', '--baseline=swiglu'], 'baseline'),
+    (['--seeds=0'], 'seeds'),
+    (['--n_layers=2'], 'n_layer'),
+    (['--dataset=shakespeare'], 'not prepared'),  # checked before any run starts
+])
+def test_user_mistakes(extra, words, shakespeare_char_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        run_cli(compare.main, args(shakespeare_char_dir, str(tmp_path / 'cmp'), *extra))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and words in err and len(err.strip().splitlines()) == 1
+    assert not os.path.exists(tmp_path / 'cmp' / 'gelu')
+
+
+@pytest.mark.parametrize('name', ['compare_shakespeare_char', 'compare_owt_dense', 'compare_owt_moe'])
+def test_configs_plan(name):
+    """Each shipped comparison config parses and plans (valid variants, baseline, keys) without training anything."""
+    cwd = os.getcwd()
+    os.chdir(REPO)  # configs exec their base config by a path relative to the repo root
+    try:
+        cfg, given = compare.parse_args(compare.DEFAULTS, [f'config/{name}.py'], types=compare.train.TYPES)
+    finally:
+        os.chdir(cwd)
+    variants, seeds, baseline, runs = compare.plan(cfg, given)
+    assert baseline == 'gelu' and len(runs) == len(variants) * len(seeds)
+    if name == 'compare_shakespeare_char':
+        assert set(variants) >= {'gelu', 'relu2', 'swiglu', 'polyrelu', 'polynorm', 'la', 'moa', 'moa_glu'}
+        assert len(seeds) >= 3 and cfg['device'] == 'cpu' and cfg['compile'] is False and cfg['dtype'] == 'float32'
+    else:
+        assert cfg['dataset'] == 'openwebtext' and cfg['compile'] is True and cfg['dtype'] == 'bfloat16'
+        assert (cfg['n_expert'], cfg['top_k']) == ((8, 2) if name.endswith('moe') else (0, 2))
+
+
+def test_changed_settings_are_refused(compared, shakespeare_char_dir, capsys):
+    argv, out, _ = compared
+    with pytest.raises(SystemExit) as e:
+        run_cli(compare.main, argv + ['--learning_rate=0.01'])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and 'learning_rate' in err and '--overwrite=True' in err
