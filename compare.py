@@ -1,6 +1,7 @@
 """
 Train FFN variants side by side and draw their loss curves: the one command behind the README's comparisons.
 
+    python compare.py                                                       # = config/compare_shakespeare_char.py
     python compare.py config/compare_shakespeare_char.py                    # 8 variants x 3 seeds, 2-core CPU
     python compare.py config/compare_shakespeare_char.py --variants=gelu,polynorm --seeds=2 --max_iters=300
     python compare.py config/compare_owt_dense.py                           # one GPU, OpenWebText
@@ -603,11 +604,34 @@ def plot(path, summary, by_variant, cfg):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+DEFAULT_CONFIG = 'config/compare_shakespeare_char.py'  # what `python compare.py` alone runs
+BUNDLED = ('shakespeare_char', 'shakespeare')  # built from the corpus in the repo in seconds, so prepared on demand
+
+
+def check_dataset(cfg):
+    """Report a missing dataset now, before any run starts; prepare a bundled one instead of refusing."""
+    from data.loader import DataLoader, DatasetNotPrepared
+    open_loader = lambda: DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],
+                                     data_dir=cfg['data_dir'])
+    try:
+        open_loader()
+    except DatasetNotPrepared:
+        if cfg['dataset'] not in BUNDLED:
+            raise
+        out = os.path.join(cfg['data_dir'], cfg['dataset'])
+        print(f"compare: preparing the bundled dataset {cfg['dataset']} into {out} (once, seconds)")
+        here = os.path.dirname(os.path.abspath(__file__))
+        subprocess.run([sys.executable, os.path.join(here, 'data', cfg['dataset'], 'prepare.py'), f'--out_dir={out}'],
+                       check=True, stdout=subprocess.DEVNULL)
+        open_loader()
+
+
 def main(argv):
+    if not any(not a.startswith('-') for a in argv):  # no config file given: the default comparison
+        argv = [DEFAULT_CONFIG] + list(argv)
     cfg, given = parse_args(DEFAULTS, argv, types=train.TYPES, prog='compare.py', doc=__doc__.split('\n\n')[1])
     variants, seeds, baseline, runs = plan(cfg, given)
-    from data.loader import DataLoader  # a missing dataset is reported now, before any run starts
-    DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'], data_dir=cfg['data_dir'])
+    check_dataset(cfg)
     os.makedirs(cfg['out_dir'], exist_ok=True)
     max_iters = cfg['max_iters']
     states = {id(r): run_state(r, max_iters) for r in runs}

@@ -204,7 +204,7 @@ def test_stopped_and_cut_off_runs(compared, shakespeare_char_dir, tmp_path, monk
     (['--variants=gelu,relu2', '--baseline=swiglu'], 'baseline'),
     (['--seeds=0'], 'seeds'),
     (['--n_layers=2'], 'n_layer'),
-    (['--dataset=shakespeare'], 'not prepared'),  # checked before any run starts
+    (['--dataset=openwebtext'], 'not prepared'),  # checked before any run starts (bundled ones are prepared)
 ])
 def test_user_mistakes(extra, words, shakespeare_char_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
@@ -212,6 +212,14 @@ def test_user_mistakes(extra, words, shakespeare_char_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and words in err and len(err.strip().splitlines()) == 1
     assert not os.path.exists(tmp_path / 'cmp' / 'gelu')
+
+
+def test_a_bundled_dataset_is_prepared_on_demand(tmp_path):
+    """`python compare.py` on a fresh clone: the bundled corpus is turned into shards instead of refusing."""
+    cfg = dict(compare.DEFAULTS, dataset='shakespeare_char', data_dir=str(tmp_path), block_size=64, batch_size=4)
+    compare.check_dataset(cfg)
+    meta = json.load(open(tmp_path / 'shakespeare_char' / 'meta.json'))
+    assert meta['tokenizer'] == 'char' and meta['vocab_size'] == 84
 
 
 @pytest.mark.parametrize('name', ['compare_shakespeare_char', 'compare_owt_dense', 'compare_owt_moe'])
