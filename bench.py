@@ -4,6 +4,7 @@ Benchmark the FFN variants against each other on one model shape, in one process
     python bench.py                                           # every variant, eager and compiled, char-level shape
     python bench.py --variants=polynorm,moa --compile=True    # gelu (and swiglu for gated variants) come along
     python bench.py --profile=polynorm --compile=True         # torch.profiler: top ops by self CPU time vs gelu
+    python bench.py --variants=gelu,swiglu --n_expert=8       # MoE models, each also against its dense twin
     python bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 \\
         --vocab_size=50257 --batch_size=16                    # the ~124M dense model on a GPU
 
@@ -21,7 +22,9 @@ For each variant, and for each of eager / compiled, on the same GPT shape and th
     Inductor's recompute decisions), and on a GPU the peak CUDA memory of one training step above what was
     allocated before it.
   - ratios against the baseline of the variant's kind measured in this same run: gelu for non-gated variants,
-    swiglu for gated ones (the baselines are always included).
+    swiglu for gated ones (the baselines are always included). With --n_expert > 0 every variant is an MoE, and
+    its dense twin (n_expert=0: the same active parameters, since experts are dense width / top_k wide) is timed
+    in the same interleaved rounds, giving the MoE/dense step-time ratio.
 Prints a markdown table and writes everything, raw step times included, to the JSON file `json`.
 
 Settings: --key=value overrides of the defaults below (see configurator.py), plus every field of model.GPTConfig
@@ -145,8 +148,12 @@ def baseline_of(variant):
 
 
 class Bench:
-    def __init__(self, variant, compiled, cfg, device, dtype):
+    def __init__(self, variant, compiled, cfg, device, dtype, dense_twin=False):
         model_args = {k: cfg[k] for k in MODEL_DEFAULTS}
+        if dense_twin:  # the dense model with the MoE's active FFN weights (expert width = dense width / top_k)
+            model_args["n_expert"] = 0
+        self.moe = model_args["n_expert"] > 0
+        self.key = (variant, self.moe)
         try:
             config = GPTConfig(**model_args, ffn=variant)
         except ValueError as e:
@@ -228,17 +235,19 @@ def run_mode(variants, compiled, cfg, device, dtype, log=print):
     """Measure every variant in one mode (eager or compiled); returns one result dict per variant."""
     x, y = make_batch(cfg, device)
     benches = [Bench(v, compiled, cfg, device, dtype) for v in variants]
+    if cfg["n_expert"]:  # an MoE run also times each variant's dense twin, interleaved, for the MoE/dense ratio
+        benches += [Bench(v, compiled, cfg, device, dtype, dense_twin=True) for v in variants]
     mode = "compiled" if compiled else "eager"
 
     saved, peak = {}, {}
     for b in benches:
         t0 = time.perf_counter()
-        saved[b.variant] = b.saved_bytes(x, y)  # the first forward: compiles, if compiled
+        saved[b.key] = b.saved_bytes(x, y)  # the first forward: compiles, if compiled
         for _ in range(cfg["warmup"]):
             b.step(x, y)
         if device.startswith("cuda"):
-            peak[b.variant] = cuda_step_peak(b, x, y)
-        log(f"{mode:8s} {b.variant:13s} ready in {time.perf_counter() - t0:.1f}s")
+            peak[b.key] = cuda_step_peak(b, x, y)
+        log(f"{mode:8s} {b.variant:13s}{' MoE' if b.moe else ''} ready in {time.perf_counter() - t0:.1f}s")
 
     # round-robin: round r starts at variant r mod n, so no variant always runs right after the same neighbour
     n = len(benches)
@@ -255,15 +264,15 @@ def run_mode(variants, compiled, cfg, device, dtype, log=print):
         # model.estimate_mfu's own count: (6·N_active + 12·L·H·Q·T)·T FLOPs per sequence, so per token / T
         flops_per_token = b.model.estimate_mfu(1, 1.0, 1.0) / cfg["block_size"]
         results.append(dict(
-            variant=b.variant, kind="glu" if b.model.config.ffn_kind == "glu" else "mlp", compile=compiled,
+            variant=b.variant, moe=b.moe, kind="glu" if b.model.config.ffn_kind == "glu" else "mlp", compile=compiled,
             baseline=baseline_of(b.variant),
             params=report,
             flops_per_token=flops_per_token,
             step_time_s=dict(median=med, q25=q1, q75=q3, iqr=q3 - q1, n=len(b.times), times=b.times),
             tokens_per_s=tokens / med,
             flops_per_s=flops_per_token * tokens / med,
-            saved_bytes_per_token=saved[b.variant] / tokens,
-            cuda_step_peak_bytes=peak.get(b.variant),
+            saved_bytes_per_token=saved[b.key] / tokens,
+            cuda_step_peak_bytes=peak.get(b.key),
         ))
     del benches
     if device.startswith("cuda"):
@@ -273,9 +282,9 @@ def run_mode(variants, compiled, cfg, device, dtype, log=print):
 
 def add_ratios(results):
     """Each result's ratios to its baseline measured in the same run and mode (baseline/baseline = 1)."""
-    base = {(r["variant"], r["compile"]): r for r in results}
+    base = {(r["variant"], r["compile"], r["moe"]): r for r in results}
     for r in results:
-        b = base[(r["baseline"], r["compile"])]
+        b = base[(r["baseline"], r["compile"], r["moe"])]
         r["ratios"] = dict(
             step_time=r["step_time_s"]["median"] / b["step_time_s"]["median"],
             saved_bytes=r["saved_bytes_per_token"] / b["saved_bytes_per_token"],
@@ -283,12 +292,17 @@ def add_ratios(results):
                             if r["cuda_step_peak_bytes"] is not None else None),
             params_total=r["params"]["total"] / b["params"]["total"],
         )
+        twin = base.get((r["variant"], r["compile"], False))
+        if r["moe"] and twin is not None:  # MoE against the dense model with the same active parameters
+            r["ratios"]["moe_vs_dense_step_time"] = r["step_time_s"]["median"] / twin["step_time_s"]["median"]
 
 
 def markdown_table(results):
     cuda = any(r["cuda_step_peak_bytes"] is not None for r in results)
     head = ["variant", "compiled", "params", "FFN", "extras", "MFLOP/tok", "step ms (median)", "IQR ms", "tok/s",
             "saved KiB/tok", "vs", "× time", "× saved"] + (["peak MiB", "× peak"] if cuda else [])
+    moe = any(r["moe"] for r in results)
+    head += ["MoE/dense × time"] if moe else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         p, t, q = r["params"], r["step_time_s"], r["ratios"]
@@ -298,6 +312,9 @@ def markdown_table(results):
                r["baseline"], f"{q['step_time']:.3f}", f"{q['saved_bytes']:.3f}"]
         if cuda:
             row += [f"{r['cuda_step_peak_bytes'] / 2**20:.0f}", f"{q['cuda_step_peak']:.3f}"]
+        if moe:
+            row[0] += " (MoE)" if r["moe"] else " (dense)"
+            row += [f"{q['moe_vs_dense_step_time']:.3f}" if "moe_vs_dense_step_time" in q else ""]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 

@@ -84,3 +84,19 @@ def test_profile_shows_the_variant_against_its_baseline(capsys):
     assert "### gelu (eager)" in out and "### polynorm (eager)" in out and "Self CPU" in out
     # polynorm's recomputing backward shows up as its own autograd node
     assert any("PolyFunction" in e.key for e in averages[("polynorm", False)])
+
+
+def test_moe_rows_are_timed_against_their_dense_twin(tmp_path):
+    path = tmp_path / "moe.json"
+    threads = torch.get_num_threads()
+    try:
+        bench.main(TINY + ["--variants=gelu", "--n_expert=4", "--top_k=2", "--repeats=3", f"--json={path}"])
+    finally:
+        torch.set_num_threads(threads)
+    rows = {(r["variant"], r["moe"]): r for r in json.loads(path.read_text())["results"]}
+    moe, dense = rows[("gelu", True)], rows[("gelu", False)]
+    assert moe["params"]["active"] == pytest.approx(dense["params"]["total"], rel=0.02)  # same active weights...
+    assert moe["params"]["total"] > 1.5 * dense["params"]["total"]  # ...of a larger model
+    assert moe["ratios"]["moe_vs_dense_step_time"] == pytest.approx(
+        statistics.median(moe["step_time_s"]["times"]) / statistics.median(dense["step_time_s"]["times"]))
+    assert "moe_vs_dense_step_time" not in dense["ratios"]
