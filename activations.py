@@ -254,7 +254,8 @@ class _MixGLUFunction(torch.autograd.Function):
 
 
 def _init_alpha(names, la_init):
-    """LA/MoA coefficient init: 'mean' (1/K each), 'sum' (1 each, as reported for the paper), 'onehot:NAME'."""
+    """LA/MoA coefficient init: 'mean' (1/K each), 'sum' (1 each, as reported for the paper), 'onehot:NAME'
+    (α = 1 on NAME, 0 elsewhere: exactly the fixed activation NAME at step 0)."""
     K = len(names)
     if la_init == "mean":
         return torch.full((K,), 1.0 / K)
@@ -262,7 +263,7 @@ def _init_alpha(names, la_init):
         return torch.ones(K)
     if la_init.startswith("onehot:") and la_init[len("onehot:"):] in names:
         return F.one_hot(torch.tensor(names.index(la_init[len("onehot:"):])), K).float()
-    raise ValueError(f"la_init must be 'mean', 'sum' or 'onehot:NAME' with NAME in {names}; got {la_init!r}")
+    raise ValueError(f"la_init must be 'onehot', 'mean', 'sum' or 'onehot:NAME' with NAME in {names}; got {la_init!r}")
 
 
 class LA(nn.Module):
@@ -356,18 +357,24 @@ def _poly(kind):
     return lambda cfg, branch: Poly(kind, cfg.poly_order)
 
 
-def _branch_init(la_init, branch):
+# la_init='onehot' (the default) starts LA/MoA exactly as the baseline of their kind: best of the init ablation
+# (mean / sum / onehot, README "LA/MoA init ablation").
+BASELINE_INIT = {"mlp": "onehot:gelu", "glu": "onehot:silu/onehot:identity"}
+
+
+def _branch_init(cfg, branch):
     """la_init 'A/B' gives the gate branch init A and the up branch init B (glu variants); a single value serves both."""
+    la_init = BASELINE_INIT[cfg.ffn_kind] if cfg.la_init == "onehot" else cfg.la_init
     parts = la_init.split("/")
     return parts[min(branch, len(parts) - 1)]
 
 
 def _la(cfg, branch):
-    return LA(parse_dict(cfg.act_dict), _branch_init(cfg.la_init, branch))
+    return LA(parse_dict(cfg.act_dict), _branch_init(cfg, branch))
 
 
 def _moa(cfg, branch):
-    return MoA(parse_dict(cfg.act_dict), cfg.n_embd, _branch_init(cfg.la_init, branch), cfg.moa_gate)
+    return MoA(parse_dict(cfg.act_dict), cfg.n_embd, _branch_init(cfg, branch), cfg.moa_gate)
 
 
 FFN_VARIANTS = {

@@ -32,7 +32,7 @@ class GPTConfig:
     ffn_mult: float = 4.0  # non-gated hidden width m = ffn_mult·d; gated variants use ≈ 2/3 of it (same weights)
     poly_order: int = 3  # r of PolyReLU / PolyNorm (2–4)
     act_dict: str = "identity,relu,relu2,gelu,silu,tanh"  # LA / MoA dictionary
-    la_init: str = "mean"  # mean | sum | onehot:NAME  (glu: 'A/B' for gate/up branch)
+    la_init: str = "onehot"  # onehot (= the kind's baseline: gelu | silu/identity) | mean | sum | onehot:NAME ('A/B': gate/up)
     moa_gate: str = "sigmoid"  # sigmoid | softmax | tanh
     # toy mixture of experts (n_expert = 0: dense)
     n_expert: int = 0
