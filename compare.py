@@ -516,7 +516,7 @@ def write_markdown(path, summary, cfg):
              f"95% (|t| above Student's critical value for n-1 degrees of freedom). tok/s: median over log "
              f"lines; train time: optimizer steps only (evaluation excluded{', compilation included' if cfg['compile'] else ''})"
              + (f", measured with {cfg['jobs']} runs at a time" if cfg['jobs'] > 1 else '') + ". params: total (tied embedding counted "
-             f"once); FFN: W_up/W_gate/W_down (all experts); extras: learned activation coefficients and MoA gates."]
+             "once); FFN: W_up/W_gate/W_down (all experts); extras: learned activation coefficients and MoA gates."]
     if summary['seed_std'] is not None:
         notes.append(f"Seed noise: std over seeds of the final val loss {summary['seed_std']:.4f} (pooled over "
                      f"variants); std of the paired differences {_f(summary['paired_diff_std'])} (pooled).")

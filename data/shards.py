@@ -98,6 +98,18 @@ def write_json(path, obj):
     os.replace(path + ".tmp", path)
 
 
+def write_dataset(dataset_dir, train, val, meta, shard_tokens=100_000_000):
+    """A whole in-memory dataset: replaces any earlier shards, writes both splits, then meta.json (with the token
+    counts added) last, so a dataset with a meta.json is complete. Returns the meta dict."""
+    os.makedirs(dataset_dir, exist_ok=True)
+    clear_split_files(dataset_dir)
+    write_split(dataset_dir, "train", train, shard_tokens)
+    write_split(dataset_dir, "val", val, shard_tokens)
+    meta = {**meta, "train_tokens": len(train), "val_tokens": len(val)}
+    write_json(os.path.join(dataset_dir, "meta.json"), meta)
+    return meta
+
+
 def clear_split_files(dataset_dir):
     """Removes the shards (and leftover .tmp files) of an earlier preparation, so no stale shard outlives a re-prepare."""
     for path in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val"):

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import activations as A
 from bench import saved_bytes_for_backward

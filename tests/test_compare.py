@@ -8,7 +8,6 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 
 import pytest
@@ -18,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import compare
-from configurator import UserError, run_cli
+from configurator import run_cli
 from model import GPT, GPTConfig
 
 VARIANTS = ['gelu', 'moa']  # a fixed activation and one that logs what it learned ('act')

@@ -23,7 +23,7 @@ from configurator import UserError
 from data import tokenizer as tokmod
 from data.corpus import read_shakespeare
 from data.loader import DataLoader, DatasetNotPrepared
-from data.shards import HEADER_BYTES, MAGIC, ShardError, read_header, read_shard, shard_paths, write_shard
+from data.shards import HEADER_BYTES, ShardError, read_header, read_shard, shard_paths, write_shard
 from data.tokenizer import EOT, CharTokenizer, get_tokenizer
 
 EOT_TEXT = "<|endoftext|>"

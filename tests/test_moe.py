@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from activations import glu
-from model import GPT, MoE, GPTConfig
+from model import GPT, GPTConfig
 from test_model import corpus_batch
 
 FAMILIES = ["relu", "polynorm", "moa", "swiglu", "moa_glu"]

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so 
 import numpy as np
 from tqdm import tqdm
 
-from configurator import UserError
+from configurator import UserError, run_cli
 from data.shards import read_header, write_json, write_shard
 from data.tokenizer import EOT, GPT2Tokenizer
 
@@ -330,8 +330,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)

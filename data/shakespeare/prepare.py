@@ -17,9 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so 
 
 import numpy as np
 
-from configurator import UserError
+from configurator import run_cli
 from data.corpus import read_shakespeare, split_works, work_starts
-from data.shards import clear_split_files, write_json, write_split
+from data.shards import write_dataset
 from data.tokenizer import GPT2Tokenizer
 
 
@@ -36,14 +36,9 @@ def prepare(out_dir=HERE, shard_tokens=100_000_000):
     tok = GPT2Tokenizer()
     train_text, val_text = split_works(read_shakespeare())
     train, val = encode_works(tok, train_text), encode_works(tok, val_text)
-    os.makedirs(out_dir, exist_ok=True)
-    clear_split_files(out_dir)
-    write_split(out_dir, "train", train, shard_tokens)
-    write_split(out_dir, "val", val, shard_tokens)
-    meta = {**tok.meta(), "dataset": "shakespeare", "train_tokens": len(train), "val_tokens": len(val),
+    meta = {**tok.meta(), "dataset": "shakespeare",
             "split": "val = the last four works, from THE HISTORY OF TROILUS AND CRESSIDA on"}
-    write_json(os.path.join(out_dir, "meta.json"), meta)
-    return meta
+    return write_dataset(out_dir, train, val, meta, shard_tokens)
 
 
 def main(argv=None):
@@ -60,8 +55,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)

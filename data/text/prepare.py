@@ -21,8 +21,8 @@ sys.path.insert(0, os.path.dirname(DATA))  # the repo root, so `python data/.../
 
 import numpy as np
 
-from configurator import UserError
-from data.shards import clear_split_files, write_json, write_split
+from configurator import UserError, run_cli
+from data.shards import write_dataset
 from data.tokenizer import EOT, CharTokenizer, GPT2Tokenizer
 
 
@@ -73,15 +73,9 @@ def prepare(inputs, tokenizer="gpt2", out_dir=None, name="text", val_fraction=0.
     n_val = max(1, int(round(len(tokens) * val_fraction)))
     if len(tokens) - n_val < 2:
         raise UserError(f"the text is only {len(tokens)} tokens long, too short to split into train and val.")
-    os.makedirs(out_dir, exist_ok=True)
-    clear_split_files(out_dir)
-    write_split(out_dir, "train", tokens[:-n_val], shard_tokens)
-    write_split(out_dir, "val", tokens[-n_val:], shard_tokens)
     meta = {**tok.meta(), "dataset": os.path.basename(os.path.normpath(out_dir)), "files": len(files),
-            "train_tokens": len(tokens) - n_val, "val_tokens": n_val,
             "split": f"val = the last {val_fraction:g} of the token stream"}
-    write_json(os.path.join(out_dir, "meta.json"), meta)
-    return meta
+    return write_dataset(out_dir, tokens[:-n_val], tokens[-n_val:], meta, shard_tokens)
 
 
 def main(argv=None):
@@ -100,8 +94,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)
