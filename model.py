@@ -126,13 +126,6 @@ def make_activations(config):
     return make_gate_act(config, 0), (make_up_act(config, 1) if kind == "glu" else None)
 
 
-def apply_activation(act, act_up, x, h_gate, h_up):
-    """mlp: φ(h); glu: φ_gate(h_gate) ⊙ φ_up(h_up). x is the FFN input, used by MoA's per-token gates."""
-    if act_up is None:
-        return act(h_gate, act.context(x))
-    return glu(act, act_up, h_gate, h_up, act.context(x), act_up.context(x))
-
-
 class FFN(nn.Module):
     """mlp: y = W_down φ(W_up x);  glu: y = W_down (φ(W_gate x) ⊙ φ_up(W_up x))  (SPEC §2)."""
 
@@ -146,11 +139,12 @@ class FFN(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        if self.w_gate is None:
-            h = apply_activation(self.act, None, x, self.w_up(x), None)
+        # context(x): MoA's per-token gates from the FFN input (None for the other activations)
+        if self.act_up is None:
+            h = self.act(self.w_up(x), self.act.context(x))
         else:
-            h = apply_activation(self.act, self.act_up, x, self.w_gate(x), self.w_up(x))
-        return self.dropout(self.w_down(h)), torch.zeros(2, device=x.device)
+            h = glu(self.act, self.act_up, self.w_gate(x), self.w_up(x), self.act.context(x), self.act_up.context(x))
+        return self.dropout(self.w_down(h)), torch.zeros(2, device=x.device)  # no MoE losses
 
 
 # ----------------------------------------------------------------------------------------------------------------------
