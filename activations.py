@@ -365,8 +365,11 @@ BASELINE_INIT = {"mlp": "onehot:gelu", "glu": "onehot:silu/onehot:identity"}
 def _branch_init(cfg, branch):
     """la_init 'A/B' gives the gate branch init A and the up branch init B (glu variants); a single value serves both."""
     la_init = BASELINE_INIT[cfg.ffn_kind] if cfg.la_init == "onehot" else cfg.la_init
-    parts = la_init.split("/")
-    return parts[min(branch, len(parts) - 1)]
+    init = la_init.split("/")[min(branch, la_init.count("/"))]
+    if cfg.la_init == "onehot" and init[len("onehot:"):] not in parse_dict(cfg.act_dict):
+        raise ValueError(f"la_init=onehot starts {cfg.ffn} as {la_init}, so act_dict must contain "
+                         f"{init[len('onehot:'):]}; add it or choose la_init=mean, sum or onehot:NAME")
+    return init
 
 
 def _la(cfg, branch):

@@ -340,7 +340,9 @@ def benchmark(cfg, log=print):
         torch.backends.cudnn.allow_tf32 = True
     # 15 variants run the same GPT.forward code with different modules: every one is a recompile of that frame,
     # and past Dynamo's default limit of 8 it would silently fall back to eager
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(variants))
+    # (the option is named cache_size_limit before torch 2.7)
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 4 * len(variants)))
     load_before = os.getloadavg()
     t0 = time.time()
     results = []

@@ -132,7 +132,8 @@ def write_json(path, obj):
 def record_args(run):
     """The settings a run is identified by: its train.py arguments except where things are (out_dir, data_dir): a
     comparison or its data may be moved. The logs' batch_hash and val_hash still show whether the data is the same."""
-    return {k: v for k, v in run['args'].items() if k not in ('out_dir', 'data_dir')}
+    # a key passed at its default value identifies the same run as the key left out
+    return {k: v for k, v in run['args'].items() if k not in ('out_dir', 'data_dir') and v != train.DEFAULTS.get(k)}
 
 
 def run_state(run, max_iters):

@@ -49,6 +49,8 @@ class GPTConfig:
             raise ValueError("norm must be rmsnorm or layernorm, pos must be rope or learned")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if self.n_expert < 0 or self.moe_every < 1 or self.expert_hidden < 0:
+            raise ValueError("n_expert and expert_hidden must be >= 0 and moe_every >= 1")
         if self.n_expert and not 1 <= self.top_k <= self.n_expert:
             raise ValueError(f"top_k={self.top_k} must be between 1 and n_expert={self.n_expert}")
 

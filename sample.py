@@ -69,8 +69,11 @@ def main(argv):
         path = start[len('FILE:'):]
         if not os.path.isfile(path):
             raise UserError(f"--start=FILE:{path} but there is no such file; give an existing text file.")
-        with open(path, encoding='utf-8') as f:
-            start = f.read()
+        try:
+            with open(path, encoding='utf-8') as f:
+                start = f.read()
+        except UnicodeDecodeError:
+            raise UserError(f"--start=FILE:{path} is not UTF-8 text; give a UTF-8 text file.") from None
     start_ids = tok.encode(start)
     if not start_ids:
         raise UserError("the prompt is empty; give at least one character with --start (the default is a newline).")

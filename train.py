@@ -291,10 +291,11 @@ def main(argv):
         rank, local_rank, world_size = int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
         if device.startswith('cuda'):
             device = f'cuda:{local_rank}'
-            torch.cuda.set_device(device)
         dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
     else:
         rank, local_rank, world_size = 0, 0, 1
+    if device.startswith('cuda'):  # so RNG state, bf16 support and the peak-FLOPs lookup refer to this GPU
+        torch.cuda.set_device(device)
     master = rank == 0  # only the master process logs and writes checkpoints
     device_type = device.split(':')[0]
     dtype = resolve_dtype(cfg['dtype'], device_type)
@@ -385,6 +386,8 @@ def main(argv):
                 os.remove(os.path.join(out_dir, name))
         if ckpt_iter is not None and os.path.exists(log_path):
             log_lines = truncate_log(log_path, ckpt_iter)
+        if ckpt_iter is None and os.path.exists(ckpt_path):  # --overwrite=True: the old run goes now, not at the
+            os.remove(ckpt_path)  # first save, so a resume can never join the old checkpoint to the new log
         log_file = open(log_path, 'a' if ckpt_iter is not None else 'w')
         report = raw_model.param_report()
         print(f"{cfg['dataset']} ({meta.get('tokenizer')}, vocab {meta['vocab_size']}): "
@@ -476,7 +479,8 @@ def main(argv):
             if act:
                 record['act'] = act
             write_log(record)
-            pbar.write(f"iter 0: val loss {val_loss:.4f}")
+            if master:  # tqdm.write ignores the bar's disable flag
+                pbar.write(f"iter 0: val loss {val_loss:.4f}")
         # per-step losses since the last log line, kept on the device: checking them only at log lines avoids a
         # CPU-GPU sync every step, yet still names the first step that went non-finite
         window, grad_norm = [], None
@@ -549,7 +553,8 @@ def main(argv):
                 act = activation_stats()
                 if act:
                     record['act'] = act
-                pbar.write(f"iter {iter_num}: train loss {ce:.4f}, val loss {val_loss:.4f}")
+                if master:
+                    pbar.write(f"iter {iter_num}: train loss {ce:.4f}, val loss {val_loss:.4f}")
             write_log(record)  # before the checkpoint: the checkpoint at iteration k always follows line k
             if is_eval and (val_loss < best_val_loss or cfg['always_save_checkpoint']):
                 best_val_loss = min(best_val_loss, val_loss)

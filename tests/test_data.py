@@ -275,7 +275,8 @@ def test_openwebtext_interrupted_run_resumes_to_identical_shards(owt, tmp_path, 
     monkeypatch.setattr(owt, "write_shard", write_then_fail)
     with pytest.raises(KeyboardInterrupt):
         owt.prepare(out_dir=str(interrupted), **OWT_ARGS)
-    assert sorted(os.listdir(interrupted)) == ["train_s00_000.bin"]  # no half shard, no done record, no meta yet
+    # no half shard, no done record, no meta yet, and the finished shard is staged where the loader cannot see it
+    assert sorted(os.listdir(interrupted)) == ["partial_train_s00_000.bin"]
     monkeypatch.setattr(owt, "write_shard", real_write)
     owt.prepare(out_dir=str(interrupted), **OWT_ARGS)
     assert all_files(interrupted) == all_files(clean)

@@ -100,15 +100,18 @@ def test_generate_never_samples_a_padded_id():
     assert out.max() < 70
 
 
-def test_activation_extras_are_not_weight_decayed():
-    model = tiny("moa_glu", n_expert=4)
+@pytest.mark.parametrize("ffn,n_expert", [("moa_glu", 4), ("moa", 0), ("polynorm", 0)])
+def test_activation_extras_are_not_weight_decayed(ffn, n_expert):
+    from activations import LA, MoA, Poly
+
+    model = tiny(ffn, n_expert=n_expert)
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
     no_decay = {id(p) for g in opt.param_groups if g["weight_decay"] == 0 for p in g["params"]}
-    for name, p in model.named_parameters():
-        if ".ffn.act" in name:
-            assert id(p) in no_decay, name
-        elif p.dim() >= 2:
-            assert id(p) not in no_decay, name
+    # found by module type, not by the name pattern the code uses: every parameter of an activation module
+    extras = {id(p) for m in model.modules() if isinstance(m, (LA, MoA, Poly)) for p in m.parameters()}
+    assert extras and extras <= no_decay
+    matrices = {id(p) for p in model.parameters() if p.dim() >= 2 and id(p) not in extras}
+    assert matrices and not matrices & no_decay
 
 
 @pytest.mark.parametrize("ffn", ["relu", "polynorm", "moa", "swiglu", "moa_glu"])
@@ -127,3 +130,11 @@ def test_tiny_gpt_overfits_one_batch(ffn):
         loss.backward()
         opt.step()
     assert loss.item() < 0.2 * initial, (ffn, step, loss.item(), initial)
+
+
+def test_default_onehot_init_needs_the_baseline_in_the_dictionary():
+    with pytest.raises(ValueError, match="act_dict must contain gelu"):
+        tiny("la", act_dict="relu,tanh")
+    with pytest.raises(ValueError, match="act_dict must contain identity"):
+        tiny("moa_glu", act_dict="relu,silu")
+    tiny("la", act_dict="relu,tanh", la_init="mean")  # any other init works with any dictionary

@@ -177,3 +177,10 @@ def test_gradcheck_expert_matmul_custom_op():
     w = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
     offs = torch.tensor([2, 2, 7], dtype=torch.int32)
     assert torch.autograd.gradcheck(lambda a, w: expert_mm(a, w, offs, True), (a, w))
+
+
+@pytest.mark.parametrize("bad", [dict(moe_every=0), dict(expert_hidden=-8), dict(n_expert=-1), dict(top_k=5)])
+def test_impossible_moe_settings_are_a_clear_value_error(bad):
+    """train.py turns a ValueError from GPTConfig into a one-sentence user error; anything else would be a traceback."""
+    with pytest.raises(ValueError):
+        GPTConfig(**{"n_expert": 4, **bad})

@@ -219,9 +219,13 @@ class ShardWriter:
         return [os.path.basename(p) for p in self.paths]
 
 
+STAGING = "partial_"  # a subset's shards carry this prefix until the subset is done: the loader never reads them
+
+
 def subset_files(out_dir, subset):
     tag = f"s{subset:02d}"
-    return [p for pattern in (f"train_{tag}_*", f"val_{tag}_*") for p in glob.glob(os.path.join(glob.escape(out_dir), pattern))]
+    patterns = [f"{prefix}{split}_{tag}_*" for prefix in ("", STAGING) for split in ("train", "val")]
+    return [p for pattern in patterns for p in glob.glob(os.path.join(glob.escape(out_dir), pattern))]
 
 
 def is_done(out_dir, subset, shard_tokens=SHARD_TOKENS, val_fraction=VAL_FRACTION):
@@ -246,8 +250,8 @@ def prepare_subset(subset, archive_path, out_dir, shard_tokens=SHARD_TOKENS, val
         os.remove(path)
     tok = GPT2Tokenizer()
     tag = f"s{subset:02d}"
-    train = ShardWriter(os.path.join(out_dir, f"train_{tag}"), shard_tokens)
-    val = ShardWriter(os.path.join(out_dir, f"val_{tag}"), shard_tokens)
+    train = ShardWriter(os.path.join(out_dir, f"{STAGING}train_{tag}"), shard_tokens)
+    val = ShardWriter(os.path.join(out_dir, f"{STAGING}val_{tag}"), shard_tokens)
     n_docs = n_val_docs = 0
     with open_archive(archive_path) as outer:
         total = sum(m.size for m in xz_members(outer, archive_path))
@@ -263,9 +267,15 @@ def prepare_subset(subset, archive_path, out_dir, shard_tokens=SHARD_TOKENS, val
             n_docs += len(keys)
             bar.update(nbytes)
             bar.set_postfix(docs=n_docs, tokens=train.tokens + val.tokens)
+    # the subset is complete: give its shards their final names (train_sNN_*, read by the loader), then the record
+    shards = {}
+    for split, writer in (("train", train), ("val", val)):
+        shards[split] = [name[len(STAGING):] for name in writer.close()]
+        for name in shards[split]:
+            os.replace(os.path.join(out_dir, STAGING + name), os.path.join(out_dir, name))
     record = {"subset": subset, "file": subset_filename(subset), "repo": REPO_ID, "revision": REVISION,
               "shard_tokens": shard_tokens, "val_fraction": val_fraction, "documents": n_docs, "val_documents": n_val_docs, "train_tokens": train.tokens,
-              "val_tokens": val.tokens, "train_shards": train.close(), "val_shards": val.close()}
+              "val_tokens": val.tokens, "train_shards": shards["train"], "val_shards": shards["val"]}
     write_json(os.path.join(out_dir, f"done_{tag}.json"), record)
     return record
 
