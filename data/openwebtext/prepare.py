@@ -14,8 +14,9 @@ The hub holds the corpus as 21 archives subsets/urlsf_subset00.tar ... 20.tar (~
   5. records the subset as done (done_s00.json) and updates meta.json; then deletes the archive (--keep_archives
      to keep it).
 It is resumable: a subset already done is skipped; an interrupted subset is redone from its start, and as every
-choice above is deterministic its shards come out byte-identical. Shards are written under a temporary name and
-renamed when complete.
+choice above is deterministic its shards come out byte-identical. Each shard is written under a temporary name and
+renamed when complete, and a subset's shards keep a partial_ prefix (invisible to the loader) until the whole subset
+is done.
 """
 import argparse
 import glob
