@@ -504,9 +504,8 @@ def main(argv):
                     _, loss = model(X, Y)
                 if iter_num + 1 == nan_at:  # this step completes iteration iter_num + 1
                     loss = loss * float('nan')
-                lp = raw_model.loss_parts
-                parts += torch.stack([loss.detach().float(), lp['ce'].float(), lp.get('aux', loss.new_zeros(())).float(),
-                                      lp.get('z', loss.new_zeros(())).float()]) / gas
+                lp = raw_model.loss_parts  # ce, aux, z: detached scalars of this forward
+                parts += torch.stack([loss.detach().float(), lp['ce'], lp['aux'], lp['z']]) / gas
                 scaler.scale(loss / gas).backward()
             if cfg['grad_clip'] > 0:
                 scaler.unscale_(optimizer)

@@ -6,10 +6,12 @@ the characters. With the bundled file that is the last four works, from "THE HIS
 plays it has never seen a line of, which is the honest question, and the split is the same for the char-level and
 the BPE dataset.
 """
+import argparse
 import gzip
 import hashlib
 import os
 import re
+import time
 
 from configurator import UserError
 
@@ -49,3 +51,17 @@ def split_works(text, val_fraction=0.1):
     target = (1 - val_fraction) * len(text)
     cut = min(starts, key=lambda s: abs(s - target))
     return text[:cut], text[cut:]
+
+
+def prepare_main(prepare, doc, default_out_dir, argv=None):
+    """The command line of both Shakespeare prepare scripts: --out_dir, --shard_tokens; reports what was written."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out_dir", default=default_out_dir, help="where to write the shards and meta.json")
+    parser.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard at most")
+    args = parser.parse_args(argv)
+    t0 = time.time()
+    meta = prepare(args.out_dir, args.shard_tokens)
+    dt = time.time() - t0
+    n = meta["train_tokens"] + meta["val_tokens"]
+    print(f"{meta['dataset']}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val {meta['tokenizer']} tokens "
+          f"(vocab {meta['vocab_size']}), written to {args.out_dir} in {dt:.1f}s ({n / dt:,.0f} tokens/s)")

@@ -7,10 +7,8 @@ network (the corpus and the GPT-2 ranks are committed in data/). Validation hold
 shakespeare_char (the last four, 10.4%; see data/corpus.py). Each work is tokenised on its own, in parallel; the
 works follow each other as in the file (no EOT between them: this is one continuous text, as in nanoGPT).
 """
-import argparse
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so `python data/.../prepare.py` works
@@ -18,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so 
 import numpy as np
 
 from configurator import run_cli
-from data.corpus import read_shakespeare, split_works, work_starts
+from data.corpus import prepare_main, read_shakespeare, split_works, work_starts
 from data.shards import write_dataset
 from data.tokenizer import GPT2Tokenizer
 
@@ -41,18 +39,5 @@ def prepare(out_dir=HERE, shard_tokens=100_000_000):
     return write_dataset(out_dir, train, val, meta, shard_tokens)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out_dir", default=HERE, help="where to write the shards and meta.json")
-    parser.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard at most")
-    args = parser.parse_args(argv)
-    t0 = time.time()
-    meta = prepare(args.out_dir, args.shard_tokens)
-    dt = time.time() - t0
-    n = meta["train_tokens"] + meta["val_tokens"]
-    print(f"shakespeare: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val GPT-2 tokens, "
-          f"written to {args.out_dir} in {dt:.1f}s ({n / dt:,.0f} tokens/s)")
-
-
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(lambda argv: prepare_main(prepare, __doc__, HERE, argv))

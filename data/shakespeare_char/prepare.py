@@ -6,10 +6,8 @@ Writes train_000.bin, val_000.bin and meta.json (the 84-character vocabulary, wh
 data/shakespeare_char/ by default. Runs in about a second, with no network: the corpus is committed in
 data/shakespeare.txt.gz. Validation holds out whole works (the last four, 10.4%; see data/corpus.py).
 """
-import argparse
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so `python data/.../prepare.py` works
@@ -17,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so 
 import numpy as np
 
 from configurator import run_cli
-from data.corpus import read_shakespeare, split_works
+from data.corpus import prepare_main, read_shakespeare, split_works
 from data.shards import write_dataset
 from data.tokenizer import CharTokenizer
 
@@ -34,16 +32,5 @@ def prepare(out_dir=HERE, shard_tokens=100_000_000):
     return write_dataset(out_dir, train, val, meta, shard_tokens)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out_dir", default=HERE, help="where to write the shards and meta.json")
-    parser.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard at most")
-    args = parser.parse_args(argv)
-    t0 = time.time()
-    meta = prepare(args.out_dir, args.shard_tokens)
-    print(f"shakespeare_char: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
-          f"vocab {meta['vocab_size']}, written to {args.out_dir} in {time.time() - t0:.1f}s")
-
-
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(lambda argv: prepare_main(prepare, __doc__, HERE, argv))
