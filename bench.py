@@ -42,7 +42,8 @@ from datetime import datetime, timezone
 
 import torch
 
-from activations import FFN_VARIANTS
+from activations import VARIANTS
+from common import resolve_device, resolve_dtype
 from configurator import UserError, parse_args, run_cli
 from model import GPT, GPTConfig
 
@@ -65,8 +66,8 @@ BENCH_DEFAULTS = dict(
     threads=0,  # CPU threads for torch (0: torch's default). On a CPU shared with other jobs, 1 avoids the
     #             OpenMP threads waiting on each other, which can make small steps many times slower
 )
-# the model keys: every GPTConfig field but ffn, at the target shape of issue 7: the char-level GPT of
-# config/shakespeare_char.py widened to d=256, T=256 (vocab 84 is the bundled corpus's alphabet; padded to 128)
+# the model keys: every GPTConfig field but ffn, at a shape where the FFN's cost shows on a CPU: the char-level GPT
+# of config/shakespeare_char.py widened to d=256, T=256 (vocab 84 is the bundled corpus's alphabet; padded to 128)
 MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GPTConfig) if f.name != "ffn"}
 MODEL_DEFAULTS.update(vocab_size=84, n_layer=4, n_head=4, n_embd=256, block_size=256)
 DEFAULTS = {**BENCH_DEFAULTS, **MODEL_DEFAULTS}
@@ -96,9 +97,9 @@ def saved_bytes_for_backward(fn, *args):
 
 def resolve(cfg):
     """Check the settings; return (variants incl. baselines in registry order, compile modes, device, dtype)."""
-    names = list(FFN_VARIANTS)  # registry order: relu, gelu, …, moa, swiglu, …, moa_glu
+    names = list(VARIANTS)  # registry order: relu, gelu, …, moa, swiglu, …, moa_glu
     asked = names if cfg["variants"] == "all" else [v.strip() for v in cfg["variants"].split(",") if v.strip()]
-    unknown = [v for v in asked if v not in FFN_VARIANTS]
+    unknown = [v for v in asked if v not in VARIANTS]
     if unknown or not asked:
         raise UserError(f"unknown variant(s) {', '.join(unknown) or '(none given)'}; choose from: all, {', '.join(names)}.")
     wanted = set(asked) | {baseline_of(v) for v in asked}
@@ -108,26 +109,19 @@ def resolve(cfg):
     if modes is None:
         raise UserError(f"--compile expects True, False or both, got '{cfg['compile']}'.")
 
-    device = cfg["device"]
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(cfg["device"])
     if device.split(":")[0] not in ("cpu", "cuda"):
         raise UserError(f"--device expects auto, cpu, cuda or cuda:N, got '{device}'.")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError("--device=cuda but no CUDA GPU is available here; use --device=cpu (or auto).")
-
-    dtype = cfg["dtype"]
-    if dtype == "auto":
-        dtype = "bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
-    if dtype not in ("float32", "bfloat16"):  # float16 would need a GradScaler: not worth it for a benchmark
-        raise UserError(f"--dtype expects auto, float32 or bfloat16, got '{dtype}'.")
+    dtype = resolve_dtype(cfg["dtype"], device.split(":")[0])
+    if dtype == "float16":  # would need a GradScaler: not worth it for a benchmark
+        raise UserError("--dtype expects auto, float32 or bfloat16 (float16 is not benchmarked), got 'float16'.")
 
     for key in ("batch_size", "repeats", "profile_steps", "block_size", "n_layer", "n_head", "n_embd"):
         if cfg[key] < 1:
             raise UserError(f"--{key} must be at least 1, got {cfg[key]}.")
     if cfg["warmup"] < 1:  # the first step compiles and allocates: it must never be timed
         raise UserError(f"--warmup must be at least 1, got {cfg['warmup']}.")
-    if cfg["profile"] and cfg["profile"] not in FFN_VARIANTS:
+    if cfg["profile"] and cfg["profile"] not in VARIANTS:
         raise UserError(f"--profile expects one variant of: {', '.join(names)}; got '{cfg['profile']}'.")
     return variants, modes, device, dtype
 
@@ -140,7 +134,7 @@ def set_threads(cfg):
 
 def baseline_of(variant):
     """gelu for non-gated variants, swiglu for gated ones: what each kind is compared against."""
-    return "gelu" if FFN_VARIANTS[variant][0] == "mlp" else "swiglu"
+    return "swiglu" if VARIANTS[variant].gated else "gelu"
 
 
 # -----------------------------------------------------------------------------
@@ -264,7 +258,7 @@ def run_mode(variants, compiled, cfg, device, dtype, log=print):
         # model.estimate_mfu's own count: (6·N_active + 12·L·H·Q·T)·T FLOPs per sequence, so per token / T
         flops_per_token = b.model.estimate_mfu(1, 1.0, 1.0) / cfg["block_size"]
         results.append(dict(
-            variant=b.variant, moe=b.moe, kind="glu" if b.model.config.ffn_kind == "glu" else "mlp", compile=compiled,
+            variant=b.variant, moe=b.moe, kind=VARIANTS[b.variant].kind, compile=compiled,
             baseline=baseline_of(b.variant),
             params=report,
             flops_per_token=flops_per_token,

@@ -28,26 +28,26 @@ tokens/s, training time, and what learnable activations learned, from the last e
 prints the table.
 All numbers come from the runs' own log.jsonl files, so the same runs always give the same summary.
 """
-import json
-import math
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
 
 from tqdm import tqdm
 
+import report
 import train
+from activations import VARIANTS
+from common import checkpoint_field, read_json, read_log, write_json
 from configurator import RunStopped, UserError, parse_args, run_cli
-from model import FFN_VARIANTS
+from report import PER_RUN_KEYS, fmt_value
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN_PY = os.path.join(HERE, 'train.py')
 
 COMPARE_DEFAULTS = dict(
-    variants='gelu,swiglu',  # comma-separated ffn names (see model.FFN_VARIANTS)
+    variants='gelu,swiglu',  # comma-separated ffn names (see activations.VARIANTS)
     seeds=1,  # number of seeds per variant: seed, seed+1, ...
     baseline='',  # the variant the others are compared with; '' = the first of variants
     smooth=0.9,  # EMA factor for the plotted training loss (per log line), 0 = raw
@@ -55,14 +55,6 @@ COMPARE_DEFAULTS = dict(
     threads=0,  # OMP_NUM_THREADS for each run; 0 = leave the environment's setting
 )
 DEFAULTS = {**train.DEFAULTS, **COMPARE_DEFAULTS, 'out_dir': 'out-compare'}
-# set per run by compare.py, never passed through from the comparison's settings
-PER_RUN_KEYS = ('out_dir', 'ffn', 'seed', 'init_from', 'overwrite')
-# two-sided 95% critical values of Student's t for 1..10 degrees of freedom (then ~2): is a paired difference
-# resolved by n seeds?
-T_CRIT = [12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23]
-SHOWN_KEYS = ('dataset', 'n_layer', 'n_head', 'n_embd', 'block_size', 'batch_size', 'gradient_accumulation_steps',
-              'max_iters', 'learning_rate', 'schedule', 'warmup_iters', 'min_lr', 'eval_interval', 'eval_iters',
-              'n_expert', 'top_k', 'device', 'dtype', 'compile')
 RECORD = 'compare.json'  # in each run directory: the settings it was started with, and how it ended
 STOPPED_EXIT = 3  # train.py's exit status for a run that stopped (non-finite loss)
 
@@ -71,21 +63,14 @@ STOPPED_EXIT = 3  # train.py's exit status for a run that stopped (non-finite lo
 # planning the runs
 
 
-def fmt_value(value):
-    """A value as train.py's --key=value parser reads it back."""
-    if value is None:
-        return 'auto'
-    return value if isinstance(value, str) else repr(value)
-
-
 def plan(cfg, given):
     """The list of runs: dicts with variant, seed, dir and the train.py arguments (a key -> text dict)."""
     variants = [v.strip() for v in cfg['variants'].split(',') if v.strip()]
     if not variants:
         raise UserError("--variants is empty; give comma-separated ffn names, e.g. --variants=gelu,swiglu.")
-    unknown = [v for v in variants if v not in FFN_VARIANTS]
+    unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
-        raise UserError(f"unknown variant '{unknown[0]}' in --variants; choose among: {', '.join(FFN_VARIANTS)}.")
+        raise UserError(f"unknown variant '{unknown[0]}' in --variants; choose among: {', '.join(VARIANTS)}.")
     if len(set(variants)) != len(variants):
         raise UserError(f"--variants names a variant twice ({cfg['variants']}); list each once.")
     if cfg['seeds'] < 1:
@@ -113,22 +98,6 @@ def plan(cfg, given):
     return variants, seeds, baseline, runs
 
 
-def read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def write_json(path, obj):
-    tmp = path + '.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(obj, f, indent=1)
-        f.write('\n')
-    os.replace(tmp, path)
-
-
 def record_args(run):
     """The settings a run is identified by: its train.py arguments except where things are (out_dir, data_dir): a
     comparison or its data may be moved. The logs' batch_hash and val_hash still show whether the data is the same."""
@@ -140,7 +109,7 @@ def run_state(run, max_iters):
     """'done' | 'stopped' | 'resume' | 'scratch' | 'mismatch' for a planned run, from what its directory holds."""
     d = run['dir']
     record = read_json(os.path.join(d, RECORD))
-    log = train.read_log(os.path.join(d, 'log.jsonl'))
+    log = read_log(os.path.join(d, 'log.jsonl'))
     has_ckpt = os.path.exists(os.path.join(d, 'ckpt.pt'))
     if record is None:
         return 'mismatch' if (log or has_ckpt) else 'scratch'  # a directory compare.py did not start
@@ -198,7 +167,7 @@ class Job:
 
     def progress(self):
         """'iter k' and the last training loss, from the run's log.jsonl."""
-        log = train.read_log(self.log_path)
+        log = read_log(self.log_path)
         if not log:
             return 'starting'
         losses = [r['loss'] for r in log if 'loss' in r]
@@ -244,7 +213,7 @@ class Job:
         line = f"{self.name}: {how} in {time.time() - self.t0:.0f} s"
         if self.record['status'] != 'done':
             return line + f", STOPPED: {self.record.get('message', '')}"
-        val = next((r['val_loss'] for r in reversed(train.read_log(self.log_path)) if 'val_loss' in r), None)
+        val = next((r['val_loss'] for r in reversed(read_log(self.log_path)) if 'val_loss' in r), None)
         return line + (f", final val loss {val:.4f}" if val is not None else '')
 
 
@@ -281,325 +250,6 @@ def last_error_line(path):
         if line.startswith(('error:', 'stopped:')):
             return line
     return lines[-1] if lines else ''
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# summarising: everything from the runs' log.jsonl (and the model's shape), so the same runs give the same summary
-
-
-def run_metrics(log):
-    """Per-run numbers recomputed from its log records."""
-    evals = [r for r in log if 'val_loss' in r]
-    trains = [r for r in log if 'loss' in r]
-    # training time: each train line's ms is the mean step time since the previous line (eval time excluded)
-    t, prev_iter, times = 0.0, 0, {}
-    for r in log:
-        if 'ms' in r:
-            t += r['ms'] / 1000.0 * (r['iter'] - prev_iter)
-        prev_iter = r['iter']
-        times[r['iter']] = t
-    acts = [r['act'] for r in log if r.get('act')]
-    tok_s = [r['tok_s'] for r in trains if r.get('tok_s')]
-    last = log[-1] if log else {}
-    return {
-        'iters': last.get('iter', 0),
-        'tokens': last.get('tokens', 0),
-        'final_val_loss': evals[-1]['val_loss'] if evals else None,
-        'final_train_loss': trains[-1]['loss'] if trains else None,
-        'train_time_s': t,
-        'tok_s': statistics.median(tok_s) if tok_s else None,  # steady state: the median over log lines
-        'batch_hash': last.get('batch_hash'),
-        'val_hash': next((r['val_hash'] for r in reversed(log) if 'val_hash' in r), None),
-        'act': acts[-1] if acts else None,
-        'curve': {
-            'val': [[r['iter'], r['tokens'], times[r['iter']], r['val_loss']] for r in evals],
-            'train': [[r['iter'], r['tokens'], r['loss']] for r in trains],
-        },
-    }
-
-
-def mean_std(values):
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    if not values:
-        return None
-    return {'mean': statistics.fmean(values), 'std': statistics.stdev(values) if len(values) > 1 else None,
-            'min': min(values), 'max': max(values), 'n': len(values)}
-
-
-def paired(diffs):
-    """mean_std of the per-seed differences, plus a paired t statistic and whether it is resolved at 95%
-    (|t| above Student's critical value for n-1 degrees of freedom; never with one seed)."""
-    d = mean_std(diffs)
-    if d is None:
-        return None
-    d['t'], d['resolved'] = None, False
-    if d['n'] > 1 and d['std'] > 0:
-        d['t'] = d['mean'] / (d['std'] / math.sqrt(d['n']))
-        d['resolved'] = abs(d['t']) > (T_CRIT[d['n'] - 2] if d['n'] - 2 < len(T_CRIT) else 2.0)
-    return d
-
-
-def checkpoint_field(run_dir, key):
-    """One plain field of run_dir/ckpt.pt (iter_num, model_args), read by memory map: the tensors are not loaded."""
-    import torch
-    try:
-        return torch.load(os.path.join(run_dir, 'ckpt.pt'), map_location='cpu', weights_only=True, mmap=True)[key]
-    except Exception:  # no checkpoint, or an unreadable one: train.py itself reports the latter
-        return None
-
-
-def param_report(run_dir, args, data_dir, dataset):
-    """model.param_report() of the run's model: its model_args from the checkpoint (read lazily), else rebuilt from
-    the run's settings, built on the meta device (no memory, no init time)."""
-    import torch
-    from model import GPT, GPTConfig
-    model_args = checkpoint_field(run_dir, 'model_args')
-    if model_args is None:
-        model_args = {k: args[k] for k in train.MODEL_KEYS}
-        if not model_args['vocab_size']:
-            meta = read_json(os.path.join(data_dir, dataset, 'meta.json')) or {}
-            model_args['vocab_size'] = meta.get('vocab_size', 0)
-    with torch.device('meta'):
-        return GPT(GPTConfig(**model_args)).param_report()
-
-
-def mean_lists(items):
-    """Elementwise mean of equal-length lists (the learned coefficients over seeds)."""
-    items = [i for i in items if i is not None]
-    if not items:
-        return None
-    return [statistics.fmean(col) for col in zip(*items)]
-
-
-def learned_mean(acts):
-    """The per-layer activation statistics averaged over seeds (lists elementwise, scalars plainly)."""
-    acts = [a for a in acts if a]
-    if not acts:
-        return None
-    layers = []
-    for per_seed in zip(*[a['layers'] for a in acts]):
-        keys = [k for k in per_seed[0] if all(k in p for p in per_seed)]
-        layers.append({k: (mean_lists([p[k] for p in per_seed]) if isinstance(per_seed[0][k], list)
-                           else statistics.fmean(p[k] for p in per_seed)) for k in keys})
-    return {'layers': layers}
-
-
-def summarize(cfg, variants, seeds, baseline, runs, statuses):
-    by_variant = {}
-    for run in runs:
-        log = train.read_log(os.path.join(run['dir'], 'log.jsonl'))
-        m = run_metrics(log)
-        m.update(seed=run['seed'], dir=run['dir'], status=statuses[(run['variant'], run['seed'])])
-        if m['status'] != 'done':
-            m['final_val_loss'] = None  # a stopped run has no final evaluation to compare
-        by_variant.setdefault(run['variant'], []).append(m)
-    full = {**train.DEFAULTS, **cfg}
-    out = {'baseline': baseline, 'seeds': seeds, 'dataset': cfg['dataset'], 'settings': {}, 'variants': {}}
-    # the settings that shape the comparison, whether chosen or left at train.py's defaults, then every other choice
-    shown = {k: fmt_value(full[k]) for k in SHOWN_KEYS}
-    out['settings'] = {**shown, **{k: v for k, v in runs[0]['args'].items() if k not in PER_RUN_KEYS and k not in shown}}
-    base_vals = {m['seed']: m['final_val_loss'] for m in by_variant[baseline]}
-    for v in variants:
-        ms = by_variant[v]
-        run0 = next(r for r in runs if r['variant'] == v)
-        params = param_report(run0['dir'], {**full, 'ffn': v}, cfg['data_dir'], cfg['dataset'])
-        diffs = [m['final_val_loss'] - base_vals[m['seed']] for m in ms
-                 if m['final_val_loss'] is not None and base_vals.get(m['seed']) is not None]
-        out['variants'][v] = {
-            'params': params,
-            'status': 'done' if all(m['status'] == 'done' for m in ms) else 'stopped',
-            'final_val_loss': mean_std([m['final_val_loss'] for m in ms]),
-            'diff_to_baseline': paired(diffs) if v != baseline else None,
-            'tok_s': statistics.fmean(m['tok_s'] for m in ms if m['tok_s']) if any(m['tok_s'] for m in ms) else None,
-            'train_time_s': statistics.fmean(m['train_time_s'] for m in ms),
-            'tokens': max(m['tokens'] for m in ms),
-            'learned': learned_mean([m['act'] for m in ms]),
-            'runs': [{k: m[k] for k in ('seed', 'dir', 'status', 'iters', 'tokens', 'final_val_loss', 'final_train_loss',
-                                        'train_time_s', 'tok_s', 'batch_hash', 'val_hash', 'act')} for m in ms],
-        }
-    # seed noise: the std over seeds of the final validation loss, pooled over variants (root mean variance), and
-    # of the paired differences to the baseline (smaller: a seed fixes the batches every variant sees)
-    var = [s['final_val_loss']['std'] ** 2 for s in out['variants'].values()
-           if s['final_val_loss'] and s['final_val_loss']['std'] is not None]
-    dvar = [s['diff_to_baseline']['std'] ** 2 for s in out['variants'].values()
-            if s['diff_to_baseline'] and s['diff_to_baseline']['std'] is not None]
-    out['seed_std'] = math.sqrt(statistics.fmean(var)) if var else None
-    out['paired_diff_std'] = math.sqrt(statistics.fmean(dvar)) if dvar else None
-    # same batches per seed and the same validation windows: the logs say so (or say otherwise, and we show it)
-    for s in seeds:
-        hashes = {m['batch_hash'] for v in variants for m in by_variant[v] if m['seed'] == s and m['status'] == 'done'}
-        out.setdefault('same_batches', {})[str(s)] = len(hashes) <= 1
-    val_hashes = {m['val_hash'] for v in variants for m in by_variant[v]}
-    out['same_val_windows'] = (len(val_hashes) == 1) if None not in val_hashes else None
-    return out, by_variant
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# the report: summary.md and the printed table
-
-
-def _f(x, digits=4, signed=False):
-    if x is None:
-        return '–'
-    return f'{x:+.{digits}f}' if signed else f'{x:.{digits}f}'
-
-
-def _count(n):
-    return f'{n / 1e6:.2f}M' if n >= 1e6 else f'{n / 1e3:.1f}k' if n >= 1e3 else str(n)
-
-
-def table(summary):
-    base = summary['baseline']
-    rows = ['| variant | params | FFN | extras | final val loss (mean ± std) | Δ vs ' + base +
-            ' (± std) | resolved? | tok/s | train time |',
-            '|---|---:|---:|---:|---:|---:|:---:|---:|---:|']
-    for v, s in summary['variants'].items():
-        p, fv, d = s['params'], s['final_val_loss'], s['diff_to_baseline']
-        val = '–' if fv is None else f"{fv['mean']:.4f}" + (f" ± {fv['std']:.4f}" if fv['std'] is not None else '')
-        if s['status'] != 'done':
-            val += ' (stopped)'
-        diff = 'baseline' if v == base else '–' if d is None else (
-            f"{d['mean']:+.4f}" + (f" ± {d['std']:.4f}" if d['std'] is not None else ''))
-        res = '' if d is None else ('no (1 seed)' if d['t'] is None and d['n'] < 2 else
-                                    f"{'yes' if d['resolved'] else 'no'}" + (f" (t={d['t']:.1f})" if d['t'] is not None else ''))
-        total = _count(p['total']) + (f" ({_count(p['active'])} active)" if p.get('active', p['total']) != p['total'] else '')
-        rows.append(f"| {v} | {total} | {_count(p['ffn'])} | {p['extras']:,} | {val} | {diff} | {res} | "
-                    f"{'–' if s['tok_s'] is None else format(s['tok_s'], ',.0f')} | {s['train_time_s']:.1f} s |")
-    return '\n'.join(rows)
-
-
-def learned_section(summary, act_names):
-    """Per variant and layer: PolyCom coefficients, LA/MoA α, MoA coefficient c_k(x) mean and cross-token std, MoE
-    load; for gated variants with two mixtures, one line per branch."""
-    def branch(layer, prefix):
-        parts = []
-        if prefix + 'poly' in layer:
-            parts.append(f"PolyCom [a0..a{len(layer[prefix + 'poly']) - 1}] = " +
-                         ', '.join(f'{a:.3f}' for a in layer[prefix + 'poly']))
-        if prefix + 'alpha' in layer:
-            parts.append('α = ' + ', '.join(f'{n} {a:.3f}' for n, a in zip(act_names, layer[prefix + 'alpha'])))
-        if prefix + 'gate_mean' in layer:
-            parts.append('c(x) mean (std over tokens) = ' + ', '.join(
-                f'{n} {m:.3f} ({sd:.3f})' for n, m, sd in zip(act_names, layer[prefix + 'gate_mean'], layer[prefix + 'gate_std'])))
-        return '; '.join(parts)
-
-    lines = []
-    for v, s in summary['variants'].items():
-        if not s['learned']:
-            continue
-        n = len([r for r in s['runs'] if r['act']])
-        lines += [f"**{v}** (mean over {n} seed{'s' if n > 1 else ''}):", '']
-        for i, layer in enumerate(s['learned']['layers']):
-            gate, up = branch(layer, ''), branch(layer, 'up_')
-            moe = (f"expert load max/mean {layer['moe_load_max_over_mean']:.2f}, entropy {layer['moe_load_entropy']:.3f} nats"
-                   if 'moe_load_max_over_mean' in layer else '')
-            if up:  # two learned branches (la_glu, moa_glu)
-                lines += [f'- layer {i}:' + (f' {moe}' if moe else ''), f'  - gate branch: {gate}', f'  - up branch: {up}']
-            elif gate or moe:
-                lines.append(f'- layer {i}: ' + '; '.join(p for p in (gate, moe) if p))
-        lines.append('')
-    return lines
-
-
-def write_markdown(path, summary, cfg):
-    s0 = next(iter(summary['variants'].values()))
-    tokens = s0['tokens']
-    n = len(summary['seeds'])
-    lines = [f"# FFN comparison on {summary['dataset']}", '',
-             f"{len(summary['variants'])} variants x {n} seed(s) ({', '.join(map(str, summary['seeds']))}), "
-             f"{tokens:,} training tokens per run." + (" Checked from the logs: every variant saw the same training "
-             "batches per seed (batch_hash) and all runs the same validation windows (val_hash)."
-             if all(summary['same_batches'].values()) and summary['same_val_windows'] else ''),
-             '', 'Settings: ' + ', '.join(f'{k}={v}' for k, v in summary['settings'].items()), '',
-             table(summary), '']
-    notes = [f"Final val loss: the last evaluation, mean ± std over seeds. Δ: the per-seed paired difference to "
-             f"{summary['baseline']} (same seed, so same batches), mean ± its std over seeds; resolved: a paired t-test at "
-             f"95% (|t| above Student's critical value for n-1 degrees of freedom). tok/s: median over log "
-             f"lines; train time: optimizer steps only (evaluation excluded{', compilation included' if cfg['compile'] else ''})"
-             + (f", measured with {cfg['jobs']} runs at a time" if cfg['jobs'] > 1 else '') + ". params: total (tied embedding counted "
-             "once); FFN: W_up/W_gate/W_down (all experts); extras: learned activation coefficients and MoA gates."]
-    if summary['seed_std'] is not None:
-        notes.append(f"Seed noise: std over seeds of the final val loss {summary['seed_std']:.4f} (pooled over "
-                     f"variants); std of the paired differences {_f(summary['paired_diff_std'])} (pooled).")
-    else:
-        notes.append("One seed: no estimate of seed noise (use --seeds=3).")
-    checks = []
-    if not all(summary['same_batches'].values()):
-        checks.append('WARNING: runs of the same seed saw different training batches (batch_hash differs).')
-    if summary['same_val_windows'] is False:
-        checks.append('WARNING: runs were evaluated on different validation windows (val_hash differs).')
-    stopped = [(v, r) for v, s in summary['variants'].items() for r in s['runs'] if r['status'] != 'done']
-    for v, r in stopped:
-        checks.append(f"{v} seed {r['seed']} stopped at iteration {r['iters']} (see {r['dir']}/train.out).")
-    lines += notes + [''] + checks + ([''] if checks else [])
-    learned = learned_section(summary, [a.strip() for a in cfg['act_dict'].split(',')])
-    if learned:
-        lines += ['## What the learnable activations learned', '',
-                  'From the last evaluation of each run, averaged over seeds. PolyCom coefficients in the order '
-                  '[a0, a1, ..., ar] (a_i multiplies the i-th power); LA/MoA α per dictionary entry; MoA coefficient '
-                  'c_k(x) = α_k·gate_k(x): its mean and its std across the tokens of the first validation batch (how '
-                  'token-adaptive the mixture became); MoE: expert load (max/mean, entropy) on that batch.', ''] + learned
-    lines += ['![loss curves](loss.png)', '']
-    with open(path, 'w') as f:
-        f.write('\n'.join(lines))
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# the plot
-
-
-def ema(values, beta):
-    out, avg = [], 0.0
-    for i, v in enumerate(values):
-        avg = beta * avg + (1 - beta) * v
-        out.append(avg / (1 - beta ** (i + 1)))  # bias-corrected, so the first points are not pulled to 0
-    return out
-
-
-def plot(path, summary, by_variant, cfg):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
-    colors = plt.get_cmap('tab10' if len(by_variant) <= 10 else 'tab20').colors
-    for i, (v, ms) in enumerate(by_variant.items()):
-        c = colors[i % len(colors)]
-        done = [m for m in ms if m['curve']['val']]
-        if not done:
-            continue
-        # evaluations at the same iterations for every seed; a stopped run contributes the points it has
-        n = min(len(m['curve']['val']) for m in done)
-        val = np.array([[p[3] for p in m['curve']['val'][:n]] for m in done])
-        tok = np.array(done[0]['curve']['val'][:n])[:, 1]
-        secs = np.array([[p[2] for p in m['curve']['val'][:n]] for m in done]).mean(0)
-        keep = tok > 0  # the untrained model's loss (ln vocab) would squash the interesting part...
-        if keep.sum() < 2:  # ...unless it is needed to draw a line at all
-            keep[:] = True
-        label = f'{v} ({len(done)} seed{"s" if len(done) > 1 else ""})'
-        for ax, x in ((axes[0], tok), (axes[1], secs)):
-            ax.plot(x[keep], val.mean(0)[keep], color=c, marker='.', label=label)
-            if len(done) > 1:
-                ax.fill_between(x[keep], val.min(0)[keep], val.max(0)[keep], color=c, alpha=0.2, linewidth=0)
-        trains = [m['curve']['train'] for m in ms if m['curve']['train']]
-        if trains:
-            n = min(len(t) for t in trains)
-            loss = np.array([ema([p[2] for p in t[:n]], cfg['smooth']) for t in trains])
-            x = np.array(trains[0][:n])[:, 1]
-            axes[2].plot(x, loss.mean(0), color=c, label=v)
-            if len(trains) > 1:
-                axes[2].fill_between(x, loss.min(0), loss.max(0), color=c, alpha=0.2, linewidth=0)
-    axes[0].set(xlabel='training tokens', ylabel='validation loss', title='validation loss (mean, band: min–max over seeds)')
-    axes[1].set(xlabel='training time (s, evaluation excluded' + (', compilation included)' if cfg['compile'] else ')'), ylabel='validation loss', title='validation loss against time')
-    axes[2].set(xlabel='training tokens', ylabel='training loss (EMA)', title=f"training loss (EMA {cfg['smooth']})")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{summary['dataset']}: {len(summary['variants'])} FFN variants x {len(summary['seeds'])} seed(s)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -657,15 +307,15 @@ def main(argv):
     train_all(todo, cfg['jobs'], cfg['threads'], statuses, pbar)
     pbar.close()
 
-    summary, by_variant = summarize(cfg, variants, seeds, baseline, runs, statuses)
+    summary, by_variant = report.summarize(cfg, variants, seeds, baseline, runs, statuses)
     write_json(os.path.join(cfg['out_dir'], 'summary.json'), summary)
-    write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), summary, cfg)
-    plot(os.path.join(cfg['out_dir'], 'loss.png'), summary, by_variant, cfg)
+    report.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), summary, cfg)
+    report.plot(os.path.join(cfg['out_dir'], 'loss.png'), summary, by_variant, cfg)
     print()
-    print(table(summary))
+    print(report.table(summary))
     if summary['seed_std'] is not None:
         print(f"seed std of the final val loss {summary['seed_std']:.4f}, of the paired differences "
-              f"{_f(summary['paired_diff_std'])}")
+              f"{report.fmt_loss(summary['paired_diff_std'])}")
     print(f"wrote {cfg['out_dir']}/summary.md, summary.json, loss.png ({time.time() - t0:.0f} s)")
 
 

@@ -1,8 +1,15 @@
 """
-The GPT of nanoFFN: nanoGPT's model with a swappable feed-forward layer (any variant of activations.FFN_VARIANTS)
-and an optional toy Mixture-of-Experts of those FFNs. Read top to bottom:
+The GPT of nanoFFN: nanoGPT's model with a swappable feed-forward layer (any variant of activations.VARIANTS) and an
+optional toy Mixture-of-Experts of those FFNs. Read top to bottom:
     GPTConfig -> norms, RoPE, attention -> FFN -> MoE -> Block -> GPT (init, forward, reports, optimizer, generate).
-References: nanoGPT (github.com/karpathy/nanoGPT) for everything not about the FFN; SPEC §2–§4 for the FFN and MoE.
+References: nanoGPT (github.com/karpathy/nanoGPT) for everything not about the FFN; the FFN variants' papers are
+named in activations.py; the MoE follows the dropless top-k design of OLMoE (Muennighoff et al. 2024) and
+MegaBlocks (Gale et al. 2022), with Switch Transformer's load-balance loss and ST-MoE's z-loss.
+
+Every module here can be built and used on its own (FFN(config), MoE(config), Block(config, use_moe)): its weights
+start at PyTorch's default Linear init (uniform in ±1/√fan_in) and its activation's extras at the activation's own
+init. GPT then re-initialises every weight as GPT-2 does: N(0, 0.02), residual output projections
+N(0, 0.02/√(2·n_layer)), MoA gate logits zero.
 """
 import math
 from dataclasses import dataclass
@@ -11,9 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from activations import FFN_VARIANTS as _VARIANTS, LA, MoA, Poly, glu
-
-FFN_VARIANTS = sorted(_VARIANTS)
+from activations import VARIANTS, check_variant, glu
 
 
 @dataclass
@@ -28,7 +33,7 @@ class GPTConfig:
     norm: str = "rmsnorm"  # rmsnorm | layernorm
     pos: str = "rope"  # rope | learned
     # feed-forward
-    ffn: str = "gelu"  # a name of activations.FFN_VARIANTS
+    ffn: str = "gelu"  # a name of activations.VARIANTS
     ffn_mult: float = 4.0  # non-gated hidden width m = ffn_mult·d; gated variants use ≈ 2/3 of it (same weights)
     poly_order: int = 3  # r of PolyReLU / PolyNorm (2–4)
     act_dict: str = "identity,relu,relu2,gelu,silu,tanh"  # LA / MoA dictionary
@@ -43,8 +48,7 @@ class GPTConfig:
     z_loss_weight: float = 0.001
 
     def __post_init__(self):
-        if self.ffn not in _VARIANTS:
-            raise ValueError(f"unknown ffn {self.ffn!r}; choose one of: {', '.join(FFN_VARIANTS)}")
+        check_variant(self.ffn)
         if self.norm not in ("rmsnorm", "layernorm") or self.pos not in ("rope", "learned"):
             raise ValueError("norm must be rmsnorm or layernorm, pos must be rope or learned")
         if self.n_embd % self.n_head:
@@ -59,14 +63,10 @@ class GPTConfig:
         return (self.vocab_size + 63) // 64 * 64
 
     @property
-    def ffn_kind(self):
-        return _VARIANTS[self.ffn][0]
-
-    @property
     def ffn_hidden(self):
         """m for the dense FFN: ffn_mult·d, or round(2/3·ffn_mult·d) for gated variants (3·d·m ≈ 2·d·ffn_mult·d)."""
         m = int(self.ffn_mult * self.n_embd)
-        return round(2 * m / 3) if self.ffn_kind == "glu" else m
+        return round(2 * m / 3) if VARIANTS[self.ffn].gated else m
 
     @property
     def moe_hidden(self):
@@ -124,12 +124,24 @@ class CausalSelfAttention(nn.Module):
 
 def make_activations(config):
     """The layer's activation(s): (gate-branch act, up-branch act or None). One set per layer, shared by experts."""
-    kind, make_gate_act, make_up_act = _VARIANTS[config.ffn]
-    return make_gate_act(config, 0), (make_up_act(config, 1) if kind == "glu" else None)
+    variant = VARIANTS[config.ffn]
+    return variant.act(config, 0), (variant.act_up(config, 1) if variant.gated else None)
+
+
+def learned_by(act, act_up, x):
+    """What the layer's activation(s) learned, on the FFN inputs x; the up branch's keys start with 'up_'."""
+    out = dict(act.learned(x))
+    if act_up is not None:
+        out.update({"up_" + k: v for k, v in act_up.learned(x).items()})
+    return out
 
 
 class FFN(nn.Module):
-    """mlp: y = W_down φ(W_up x);  glu: y = W_down (φ(W_gate x) ⊙ φ_up(W_up x))  (SPEC §2)."""
+    """
+    mlp: y = W_down φ(W_up x)                       hidden width m = ffn_mult·d
+    glu: y = W_down (φ(W_gate x) ⊙ φ_up(W_up x))    m = round(2/3·ffn_mult·d): 3·d·m ≈ 2·d·(ffn_mult·d) weights
+    Returns (y, aux) like the MoE, with aux = [0, 0]: a dense FFN has no load-balance or z-loss.
+    """
 
     def __init__(self, config):
         super().__init__()
@@ -141,16 +153,20 @@ class FFN(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        # context(x): MoA's per-token gates from the FFN input (None for the other activations)
+        # token_coefs(x): MoA's per-token coefficients from the FFN input (None for the other activations)
         if self.act_up is None:
-            h = self.act(self.w_up(x), self.act.context(x))
+            h = self.act(self.w_up(x), self.act.token_coefs(x))
         else:
-            h = glu(self.act, self.act_up, self.w_gate(x), self.w_up(x), self.act.context(x), self.act_up.context(x))
+            h = glu(self.act, self.act_up, self.w_gate(x), self.w_up(x),
+                    self.act.token_coefs(x), self.act_up.token_coefs(x))
         return self.dropout(self.w_down(h)), torch.zeros(2, device=x.device)  # no MoE losses
+
+    def learned(self, x):
+        return learned_by(self.act, self.act_up, x)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Toy Mixture of Experts (SPEC §4)
+# Toy Mixture of Experts
 
 
 def _grouped_mm_ok(a, w):
@@ -228,22 +244,25 @@ class MoE(nn.Module):
       y(x) = Σ_{e in top-k} w_e · FFN_e(x).
     The activation's learnable coefficients are shared by the experts of a layer, and MoA's gates are computed once
     per token and reused by every expert the token visits (as in PolyCom's OLMoE code).
-    Returns (y, aux) with aux = load-balance loss α·E/(k·T)·Σ_i c_i·P̄_i + z-loss β·mean(logsumexp(z)²).
+    Returns (y, aux), aux = [load-balance loss, z-loss]:
+      load balance (Switch Transformer, Fedus et al. 2021): w_aux·E/(k·T)·Σ_i c_i·P̄_i, c_i the tokens routed to
+        expert i, P̄_i its mean router probability; it equals w_aux when the load is perfectly balanced;
+      z-loss (ST-MoE, Zoph et al. 2022): w_z·mean(logsumexp(z)²), keeps the router logits small.
     """
 
     def __init__(self, config):
         super().__init__()
         E, d, m = config.n_expert, config.n_embd, config.moe_hidden
         self.n_expert, self.top_k = E, config.top_k
-        self.alpha, self.beta = config.aux_loss_weight, config.z_loss_weight
+        self.aux_loss_weight, self.z_loss_weight = config.aux_loss_weight, config.z_loss_weight
         self.router = nn.Linear(d, E, bias=False)
         self.act, self.act_up = make_activations(config)
-        self.w_gate = nn.Parameter(torch.empty(E, d, m)) if self.act_up is not None else None
-        self.w_up = nn.Parameter(torch.empty(E, d, m))
-        self.w_down = nn.Parameter(torch.empty(E, m, d))
+        # E experts' matrices stacked, (E, in, out), each initialised like an nn.Linear of that shape
+        expert = lambda n_in, n_out: nn.Parameter(torch.empty(E, n_in, n_out).uniform_(-n_in**-0.5, n_in**-0.5))
+        self.w_gate = expert(d, m) if self.act_up is not None else None
+        self.w_up = expert(d, m)
+        self.w_down = expert(m, d)
         self.use_grouped_mm = True
-        self.capture = False  # activation_stats() sets this to keep the last expert load
-        self.last_load = None
 
     def route(self, x):
         """x (T, d) -> router probabilities (T, E) fp32, top-k weights and expert ids (T, k), router logits."""
@@ -266,20 +285,29 @@ class MoE(nn.Module):
         xs = x[token]
         mm = lambda a, w: expert_matmul(a, w, offs, self.use_grouped_mm)
         # MoA's gates: computed once per token, then gathered for each (token, expert) pair
-        ctx_rows = lambda act: None if (c := act.context(x)) is None else c[token]
+        coef_rows = lambda act: None if (c := act.token_coefs(x)) is None else c[token]
         if self.act_up is None:
-            h = self.act(mm(xs, self.w_up), ctx_rows(self.act))
+            h = self.act(mm(xs, self.w_up), coef_rows(self.act))
         else:
-            h = glu(self.act, self.act_up, mm(xs, self.w_gate), mm(xs, self.w_up), ctx_rows(self.act), ctx_rows(self.act_up))
+            h = glu(self.act, self.act_up, mm(xs, self.w_gate), mm(xs, self.w_up),
+                    coef_rows(self.act), coef_rows(self.act_up))
         y = mm(h, self.w_down) * weights.reshape(-1)[order, None].to(h.dtype)
         out = torch.zeros_like(x, dtype=y.dtype).index_add_(0, token, y)
 
         n_tok = x.shape[0]
-        load_balance = self.alpha * self.n_expert / (self.top_k * n_tok) * (counts.float() * probs.mean(0)).sum()
-        z_loss = self.beta * torch.logsumexp(z, dim=-1).square().mean()
-        if self.capture:
-            self.last_load = counts.detach()
+        load_balance = (self.aux_loss_weight * self.n_expert / (self.top_k * n_tok)
+                        * (counts.float() * probs.mean(0)).sum())
+        z_loss = self.z_loss_weight * torch.logsumexp(z, dim=-1).square().mean()
         return out.view(B, T, d).to(x.dtype), torch.stack([load_balance, z_loss])
+
+    def learned(self, x):
+        """The activation's report, plus the expert load over the tokens of x: max/mean and entropy (nats)."""
+        _, _, experts, _ = self.route(x.reshape(-1, x.shape[-1]))
+        load = torch.zeros(self.n_expert, device=x.device).index_add_(
+            0, experts.reshape(-1), torch.ones(experts.numel(), device=x.device))
+        frac = load / load.sum()
+        return {**learned_by(self.act, self.act_up, x), "moe_load_max_over_mean": (load.max() / load.mean()).item(),
+                "moe_load_entropy": -(frac * frac.clamp_min(1e-12).log()).sum().item()}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -321,10 +349,6 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith(("c_proj.weight", "w_down.weight", "w_down")):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-        for m in self.modules():
-            if isinstance(m, MoA):  # zero gates: MoA starts exactly as LA
-                nn.init.zeros_(m.gate.weight)
-                nn.init.zeros_(m.gate.bias)
         self.loss_parts = {}
 
     def _init_weights(self, module):
@@ -332,6 +356,10 @@ class GPT(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if module.bias is not None:
                 torch.nn.init.zeros_(module.bias)
+            if getattr(module, "zero_init", False):
+                # MoA's gate logits start at zero (so MoA starts as LA). Drawn above all the same, so that the random
+                # stream initialising the other weights is the one every earlier checkpoint was made with.
+                torch.nn.init.zeros_(module.weight)
         elif isinstance(module, nn.Embedding):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
         elif isinstance(module, MoE):
@@ -405,47 +433,30 @@ class GPT(nn.Module):
         return flops_per_iter / dt / peak_flops
 
     @torch.no_grad()
-    def activation_stats(self, idx):
-        """What the learnable activations learned, from one eager no-grad pass over idx: per layer the PolyCom
-        coefficients [a_0..a_r], LA/MoA α, MoA gate mean and cross-token std per dictionary entry, and the MoE
-        expert load (max/mean, entropy in nats). JSON-able."""
-        watched = [m for m in self.modules() if isinstance(m, (MoA, MoE))]
-        for m in watched:
-            m.capture = True
+    def learned(self, idx):
+        """What every layer's FFN learned, from one eager no-grad pass over idx in eval mode: each activation reports
+        itself on that layer's FFN inputs (PolyCom coefficients [a_0..a_r], LA/MoA α, MoA's gate mean and
+        cross-token std, xIELU's α_p, α_n; see `learned` in activations.py), and an MoE adds its expert load.
+        Returns {'layers': [dict per layer]}, JSON-able; a fixed activation's layers are empty dicts."""
+        ffn_inputs = []
+        hooks = [block.ffn.register_forward_pre_hook(lambda module, args: ffn_inputs.append(args[0]))
+                 for block in self.transformer.h]
         was_training = self.training
         self.eval()
         try:
             self(idx)
         finally:
             self.train(was_training)
-            for m in watched:
-                m.capture = False
-        layers = []
-        for block in self.transformer.h:
-            stats = {}
-            for prefix, act in (("", block.ffn.act), ("up_", block.ffn.act_up)):
-                if isinstance(act, Poly):
-                    stats[prefix + "poly"] = act.coeffs.tolist()
-                if isinstance(act, (LA, MoA)):
-                    stats[prefix + "alpha"] = act.alpha.tolist()
-                if isinstance(act, MoA):
-                    c = act.last_coef.reshape(-1, len(act.names))
-                    stats[prefix + "gate_mean"] = c.mean(0).tolist()
-                    stats[prefix + "gate_std"] = c.std(0).tolist()
-            if isinstance(block.ffn, MoE):
-                load = block.ffn.last_load.float()
-                frac = load / load.sum()
-                stats["moe_load_max_over_mean"] = (load.max() / load.mean()).item()
-                stats["moe_load_entropy"] = -(frac * frac.clamp_min(1e-12).log()).sum().item()
-            layers.append(stats)
-        return {"layers": layers}
+            for hook in hooks:
+                hook.remove()
+        return {"layers": [block.ffn.learned(x) for block, x in zip(self.transformer.h, ffn_inputs)]}
 
     # ------------------------------------------------------------------------------------------------------------------
     # training and sampling
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW. Weight decay on matrices (≥2-D) only, and never on activation coefficients or MoA gates: decaying
-        α towards 0 would switch the activation off rather than regularise it (SPEC §2)."""
+        α towards 0 would switch the activation off rather than regularise it."""
         decay, no_decay = [], []
         for name, p in self.named_parameters():
             if not p.requires_grad:

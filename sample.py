@@ -10,7 +10,6 @@ Status messages go to stderr, so stdout holds only the samples.
 """
 import os
 import sys
-from contextlib import nullcontext
 
 import torch
 
@@ -31,36 +30,26 @@ SEPARATOR = '---------------'
 
 
 def main(argv):
-    # train.py imports model.py and the checkpoint helpers; importing it runs nothing
-    from model import GPT, GPTConfig
-    from train import load_checkpoint, resolve_device, resolve_dtype, strip_prefixes
+    from common import autocast, load_checkpoint, model_state, resolve_device, resolve_dtype
     from data.tokenizer import get_tokenizer
+    from model import GPT, GPTConfig
 
     cfg, _ = parse_args(DEFAULTS, argv, prog='sample.py', doc=__doc__.split('\n\n')[1])
     if cfg['num_samples'] < 1 or cfg['max_new_tokens'] < 0 or cfg['top_k'] < 0 or cfg['temperature'] < 0:
         raise UserError("num_samples must be at least 1, and max_new_tokens, top_k and temperature not negative.")
+    checkpoint = load_checkpoint(cfg['out_dir'], "train one first (python train.py config/shakespeare_char.py) or "
+                                                 "point --out_dir at a run's directory.")
+    model_args, meta = checkpoint['model_args'], checkpoint.get('meta')
     ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
-    if not os.path.exists(ckpt_path):
-        raise UserError(f"no checkpoint at {ckpt_path}; train one first (python train.py config/shakespeare_char.py) "
-                        f"or point --out_dir at a run's directory.")
-    try:
-        checkpoint = load_checkpoint(ckpt_path)
-        model_args, state, meta = checkpoint['model_args'], checkpoint['model'], checkpoint['meta']
-    except Exception as e:
-        raise UserError(f"cannot read the checkpoint {ckpt_path} ({type(e).__name__}); it is not a train.py "
-                        f"checkpoint or it is damaged.") from None
-
     device = resolve_device(cfg['device'])
     device_type = device.split(':')[0]
     dtype = resolve_dtype(cfg['dtype'], device_type)
-    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-    ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
     torch.manual_seed(cfg['seed'])
     if device_type == 'cuda':
         torch.cuda.manual_seed(cfg['seed'])
 
     model = GPT(GPTConfig(**model_args))
-    model.load_state_dict(strip_prefixes(state))  # also loads what a compiled model saved
+    model.load_state_dict(model_state(checkpoint['model']))  # also loads what a compiled model saved
     model.eval().to(device)
 
     tok = get_tokenizer(meta)  # raises a UserError if the start text has characters outside a char vocabulary
@@ -81,7 +70,7 @@ def main(argv):
     print(f"sampling {cfg['num_samples']} x {cfg['max_new_tokens']} tokens from {ckpt_path} "
           f"(iteration {checkpoint['iter_num']}, {meta.get('tokenizer')} tokenizer) on {device}", file=sys.stderr)
 
-    with torch.no_grad(), ctx:
+    with torch.no_grad(), autocast(device_type, dtype):
         for _ in range(cfg['num_samples']):
             y = model.generate(x, cfg['max_new_tokens'], temperature=cfg['temperature'], top_k=cfg['top_k'] or None)
             print(tok.decode(y[0].tolist()))

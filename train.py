@@ -33,7 +33,6 @@ import os
 import random
 import sys
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -41,8 +40,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+from common import autocast, load_checkpoint, model_state, read_log, resolve_device, resolve_dtype, save_checkpoint
 from configurator import RunStopped, UserError, parse_args, run_cli
-from model import FFN_VARIANTS, GPT, GPTConfig
+from activations import check_variant
+from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
 # default config values
@@ -94,44 +95,16 @@ DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
 # -----------------------------------------------------------------------------
 
 
-def resolve_device(name):
-    """'auto' picks cuda, then mps, then cpu; an explicit choice must exist on this machine."""
-    if name == 'auto':
-        if torch.cuda.is_available():
-            return 'cuda'
-        if getattr(torch.backends, 'mps', None) is not None and torch.backends.mps.is_available():
-            return 'mps'
-        return 'cpu'
-    kind = name.split(':')[0]
-    if kind not in ('cpu', 'cuda', 'mps'):
-        raise UserError(f"--device expects auto, cpu, cuda, cuda:N or mps, got '{name}'.")
-    if kind == 'cuda' and not torch.cuda.is_available():
-        raise UserError("--device=cuda but no CUDA GPU is available here; use --device=cpu (or auto).")
-    if kind == 'mps' and not (getattr(torch.backends, 'mps', None) and torch.backends.mps.is_available()):
-        raise UserError("--device=mps but MPS is not available here; use --device=cpu (or auto).")
-    return name
-
-
-def resolve_dtype(name, device_type):
-    if name == 'auto':
-        if device_type == 'cuda' and torch.cuda.is_bf16_supported():
-            return 'bfloat16'
-        return 'float32'
-    if name not in ('float32', 'bfloat16', 'float16'):
-        raise UserError(f"--dtype expects auto, float32, bfloat16 or float16, got '{name}'.")
-    if name == 'bfloat16' and device_type == 'cuda' and not torch.cuda.is_bf16_supported():
-        raise UserError("this GPU does not support bfloat16; use --dtype=float16 (with loss scaling) or float32.")
-    return name
-
-
 def check_config(cfg):
     """Catch the mistakes a config can make before anything is built or written."""
     if cfg['init_from'] not in ('scratch', 'resume'):
         raise UserError(f"--init_from expects scratch or resume, got '{cfg['init_from']}'.")
     if cfg['schedule'] not in ('cosine', 'wsd', 'constant'):
         raise UserError(f"--schedule expects cosine, wsd or constant, got '{cfg['schedule']}'.")
-    if cfg['ffn'] not in FFN_VARIANTS:
-        raise UserError(f"unknown ffn '{cfg['ffn']}'; choose one of: {', '.join(FFN_VARIANTS)}.")
+    try:
+        check_variant(cfg['ffn'])
+    except ValueError as e:
+        raise UserError(f"{e}.") from None
     for key in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters',
                 'log_interval', 'n_layer', 'n_head', 'n_embd'):
         if cfg[key] < 1:
@@ -164,18 +137,6 @@ def get_lr(it, cfg):
     return lr + (min_lr - lr) * (it - decay_start) / max(1, decay_iters - decay_start)
 
 
-def strip_prefixes(state_dict):
-    """A compiled model's state dict has '_orig_mod.' keys (and a DDP one 'module.'): strip them so any checkpoint
-    loads into a plain GPT."""
-    out = {}
-    for k, v in state_dict.items():
-        for prefix in ('_orig_mod.', 'module.'):
-            while k.startswith(prefix):
-                k = k[len(prefix):]
-        out[k] = v
-    return out
-
-
 def rng_state(device_type):
     # plain Python types and tensors only, so the checkpoint loads with torch.load(weights_only=True)
     name, keys, pos, has_gauss, cached = np.random.get_state()
@@ -193,44 +154,6 @@ def set_rng_state(state, device_type):
     torch.set_rng_state(state['torch'])
     if device_type == 'cuda' and 'cuda' in state:
         torch.cuda.set_rng_state(state['cuda'])
-
-
-def save_checkpoint(ckpt, out_dir, name='ckpt.pt'):
-    """Write atomically: torch.save into a temporary file in out_dir, fsync, then os.replace over the old file.
-    A kill at any moment leaves either the previous checkpoint or the new one, never a torn file."""
-    path = os.path.join(out_dir, name)
-    tmp = os.path.join(out_dir, f'.{name}.tmp{os.getpid()}')
-    try:
-        with open(tmp, 'wb') as f:
-            torch.save(ckpt, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:  # disk full, permissions: stop cleanly, the previous checkpoint is untouched
-        raise RunStopped(f"could not write the checkpoint {path} ({e.strerror or e}); the previous one is kept, "
-                         f"free some space and resume with --init_from=resume.") from None
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
-
-
-def load_checkpoint(path):
-    # weights_only: a checkpoint holds tensors and plain Python values only, so loading one cannot run code
-    return torch.load(path, map_location='cpu', weights_only=True)
-
-
-def read_log(path):
-    """The records of a log.jsonl; a torn last line (a kill mid-write) is dropped."""
-    records = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break
-    return records
 
 
 def truncate_log(path, iter_num):
@@ -255,320 +178,352 @@ def peak_flops_for(device_type, override):
     return None  # unknown hardware (or CPU): MFU is reported as null unless --peak_flops is given
 
 
-def main(argv):
-    cfg, given = parse_args(DEFAULTS, argv, types=TYPES, prog='train.py', doc=__doc__.split('\n\n')[1])
+def resume_settings(cfg, given):
+    """init_from=resume: the checkpoint, and the run's saved settings with only the explicitly given keys on top.
+    Model keys and the data stream cannot change. Scratch: (None, cfg)."""
+    if cfg['init_from'] != 'resume':
+        return None, cfg
     out_dir = cfg['out_dir']
-    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-    log_path = os.path.join(out_dir, 'log.jsonl')
+    checkpoint = load_checkpoint(out_dir, "point --out_dir at an earlier run's directory or start one with "
+                                          "--init_from=scratch.")
+    saved = checkpoint['config']
+    for key in MODEL_KEYS + STREAM_KEYS:
+        was = checkpoint['model_args'].get(key, saved.get(key)) if key in MODEL_KEYS else saved.get(key)
+        if key in given and cfg[key] != was and not (key == 'vocab_size' and cfg[key] == 0):
+            raise UserError(f"--{key}={cfg[key]} differs from the checkpoint's {was!r}; a resumed run keeps its "
+                            f"model and data stream, so drop --{key} or train a new run in another out_dir.")
+    cfg = {**DEFAULTS, **{k: v for k, v in saved.items() if k in DEFAULTS}, **{k: cfg[k] for k in given}}
+    cfg['init_from'], cfg['out_dir'] = 'resume', out_dir  # the run may have been moved since
+    return checkpoint, cfg
 
-    # -------------------------------------------------------------------------
-    # resume: the run's saved settings, with only the explicitly given keys on top
-    checkpoint = None
-    if cfg['init_from'] == 'resume':
-        if not os.path.exists(ckpt_path):
-            raise UserError(f"init_from=resume but there is no checkpoint at {ckpt_path}; point --out_dir at an "
-                            f"earlier run's directory or start one with --init_from=scratch.")
+
+class Trainer:
+    """One training run, in the order it happens: setup (system, data, model, log) in __init__, then train(), which
+    runs the loop of train_step()s and, at log lines, evaluate(), learned() and save_checkpoint()."""
+
+    def __init__(self, cfg, checkpoint):
+        self.cfg = cfg
+        self.out_dir = cfg['out_dir']
+        self.ckpt_path = os.path.join(self.out_dir, 'ckpt.pt')
+        self.log_path = os.path.join(self.out_dir, 'log.jsonl')
+        self.setup_system()
+        self.setup_data()
+        self.setup_model(checkpoint)
+        self.open_log()
+
+    # ---- setup ---------------------------------------------------------------------------------------------------
+
+    def setup_system(self):
+        """Device, processes (DDP under torchrun), precision, compilation, seeds."""
+        cfg = self.cfg
+        device = resolve_device(cfg['device'])
+        self.ddp = int(os.environ.get('RANK', -1)) != -1  # launched by torchrun?
+        if self.ddp:
+            self.rank, self.local_rank = int(os.environ['RANK']), int(os.environ['LOCAL_RANK'])
+            self.world_size = int(os.environ['WORLD_SIZE'])
+            if device.startswith('cuda'):
+                device = f'cuda:{self.local_rank}'
+            dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
+        else:
+            self.rank, self.local_rank, self.world_size = 0, 0, 1
+        if device.startswith('cuda'):  # so RNG state, bf16 support and the peak-FLOPs lookup refer to this GPU
+            torch.cuda.set_device(device)
+        self.device, self.device_type = device, device.split(':')[0]
+        self.master = self.rank == 0  # only the master process logs and writes checkpoints
+        self.dtype = resolve_dtype(cfg['dtype'], self.device_type)
+        self.use_compile = cfg['compile'] if cfg['compile'] is not None else self.device_type == 'cuda'
+        if cfg['init_from'] == 'scratch' and os.path.exists(self.ckpt_path) and not cfg['overwrite']:
+            raise UserError(f"{self.ckpt_path} already exists; resume it with --init_from=resume, choose another "
+                            f"--out_dir, or pass --overwrite=True to replace it.")
+        self.gas = cfg['gradient_accumulation_steps']
+        self.tokens_per_iter = self.gas * self.world_size * cfg['batch_size'] * cfg['block_size']
+        # every rank seeds differently (dropout), DDP broadcasts rank 0's initial weights so the model starts identical
+        random.seed(cfg['seed'] + self.rank)
+        np.random.seed(cfg['seed'] + self.rank)
+        torch.manual_seed(cfg['seed'] + self.rank)
+        if self.device_type == 'cuda':
+            torch.set_float32_matmul_precision('high')  # allow tf32 matmuls for float32 work
+        self.autocast = autocast(self.device_type, self.dtype)
+
+    def setup_data(self):
+        """The loader (a UserError naming the prepare command if the dataset is missing) and the fixed validation
+        batches: every run on the dataset is evaluated on the same windows, identified by val_hash in the log."""
+        from data.loader import DataLoader
+        cfg = self.cfg
+        self.loader = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'], rank=self.rank,
+                                 world_size=self.world_size, data_dir=cfg['data_dir'])
+        self.meta = self.loader.meta
+        self.val_batches = self.loader.val_batches(cfg['eval_iters'])
+        self.val_hash = hashlib.sha256(b''.join(X.numpy().tobytes() + Y.numpy().tobytes()
+                                                for X, Y in self.val_batches)).hexdigest()
+
+    def setup_model(self, checkpoint):
+        """The GPT, its optimizer and loss scaler, restored from the checkpoint when resuming; compiled and wrapped in
+        DDP as asked. self.raw_model is the plain module (checkpoints, reports, loss_parts, MFU)."""
+        cfg = self.cfg
+        if checkpoint is not None:
+            self.model_args = dict(checkpoint['model_args'])
+        else:
+            self.model_args = {k: cfg[k] for k in MODEL_KEYS}
+            if cfg['vocab_size'] == 0:
+                self.model_args['vocab_size'] = self.meta['vocab_size']
+            elif cfg['vocab_size'] < self.meta['vocab_size']:
+                raise UserError(f"--vocab_size={cfg['vocab_size']} is smaller than the dataset's "
+                                f"{self.meta['vocab_size']} tokens; leave it at 0 to take the dataset's.")
         try:
-            checkpoint = load_checkpoint(ckpt_path)
-        except Exception as e:
-            raise UserError(f"cannot read the checkpoint {ckpt_path} ({type(e).__name__}); it is not a train.py "
-                            f"checkpoint or it is damaged, so start again with --init_from=scratch.") from None
-        saved = checkpoint['config']
-        for key in MODEL_KEYS + STREAM_KEYS:
-            was = checkpoint['model_args'].get(key, saved.get(key)) if key in MODEL_KEYS else saved.get(key)
-            if key in given and cfg[key] != was and not (key == 'vocab_size' and cfg[key] == 0):
-                raise UserError(f"--{key}={cfg[key]} differs from the checkpoint's {was!r}; a resumed run keeps its "
-                                f"model and data stream, so drop --{key} or train a new run in another out_dir.")
-        cfg = {**DEFAULTS, **{k: v for k, v in saved.items() if k in DEFAULTS}, **{k: cfg[k] for k in given}}
-        cfg['init_from'], cfg['out_dir'] = 'resume', out_dir  # the run may have been moved since
-    check_config(cfg)
+            model = GPT(GPTConfig(**self.model_args))
+        except ValueError as e:  # GPTConfig validates its fields: a bad combination is the user's to fix
+            raise UserError(f"invalid model settings: {str(e).rstrip('.')}.") from None
+        if checkpoint is not None:
+            model.load_state_dict(model_state(checkpoint['model']))
+        model.to(self.device)
+        self.raw_model = model
+        self.optimizer = model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
+                                                    (cfg['beta1'], cfg['beta2']), self.device_type)
+        # fp16 needs loss scaling to keep small gradients from underflowing; a no-op otherwise
+        self.scaler = torch.amp.GradScaler(self.device_type, enabled=(self.dtype == 'float16'))
+        self.iter_num, self.best_val_loss, self.tokens, self.train_time, self.log_lines = 0, float('inf'), 0, 0.0, 0
+        self.saved_iter = None  # iteration of the checkpoint on disk (None: none written by this run's lineage)
+        if checkpoint is not None:
+            self.restore(checkpoint)
+        if self.use_compile:
+            if self.master:
+                print('compiling the model... (takes a ~minute)')
+            model = torch.compile(model)
+        if self.ddp:
+            # every parameter gets a gradient each step (MoE experts are one (E, d, m) tensor: an expert that got no
+            # token gets a zero gradient), so DDP needs no find_unused_parameters traversal
+            model = DDP(model, device_ids=[self.local_rank] if self.device_type == 'cuda' else None)
+        self.model = model
+        self.eval_model = model.module if self.ddp else model  # compiled if compiling; no DDP hooks in evaluation
 
-    # -------------------------------------------------------------------------
-    # system: device, processes, precision
-    device = resolve_device(cfg['device'])
-    ddp = int(os.environ.get('RANK', -1)) != -1  # launched by torchrun?
-    if ddp:
-        rank, local_rank, world_size = int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
-        if device.startswith('cuda'):
-            device = f'cuda:{local_rank}'
-        dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
-    else:
-        rank, local_rank, world_size = 0, 0, 1
-    if device.startswith('cuda'):  # so RNG state, bf16 support and the peak-FLOPs lookup refer to this GPU
-        torch.cuda.set_device(device)
-    master = rank == 0  # only the master process logs and writes checkpoints
-    device_type = device.split(':')[0]
-    dtype = resolve_dtype(cfg['dtype'], device_type)
-    use_compile = cfg['compile'] if cfg['compile'] is not None else device_type == 'cuda'
-    if cfg['init_from'] == 'scratch' and os.path.exists(ckpt_path) and not cfg['overwrite']:
-        raise UserError(f"{ckpt_path} already exists; resume it with --init_from=resume, choose another --out_dir, "
-                        f"or pass --overwrite=True to replace it.")
-    gas = cfg['gradient_accumulation_steps']
-    tokens_per_iter = gas * world_size * cfg['batch_size'] * cfg['block_size']
-
-    # every rank seeds differently (dropout), DDP broadcasts rank 0's initial weights so the model starts identical
-    random.seed(cfg['seed'] + rank)
-    np.random.seed(cfg['seed'] + rank)
-    torch.manual_seed(cfg['seed'] + rank)
-    if device_type == 'cuda':
-        torch.set_float32_matmul_precision('high')  # allow tf32 matmuls for float32 work
-    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-    ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
-
-    # -------------------------------------------------------------------------
-    # data: the loader raises a UserError naming the prepare command if the dataset is missing
-    from data.loader import DataLoader
-    loader = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'], rank=rank,
-                        world_size=world_size, data_dir=cfg['data_dir'])
-    meta = loader.meta
-    val_batches = loader.val_batches(cfg['eval_iters'])  # fixed windows: every run is evaluated on the same tokens
-    # a hash of those windows, logged on evaluation lines, so a comparison can check every run saw the same tokens
-    val_hash = hashlib.sha256(b''.join(X.numpy().tobytes() + Y.numpy().tobytes() for X, Y in val_batches)).hexdigest()
-
-    # -------------------------------------------------------------------------
-    # model
-    if checkpoint is not None:
-        model_args = dict(checkpoint['model_args'])
-    else:
-        model_args = {k: cfg[k] for k in MODEL_KEYS}
-        if cfg['vocab_size'] == 0:
-            model_args['vocab_size'] = meta['vocab_size']
-        elif cfg['vocab_size'] < meta['vocab_size']:
-            raise UserError(f"--vocab_size={cfg['vocab_size']} is smaller than the dataset's {meta['vocab_size']} "
-                            f"tokens; leave it at 0 to take the dataset's.")
-    try:
-        model = GPT(GPTConfig(**model_args))
-    except ValueError as e:  # GPTConfig validates its fields: a bad combination is the user's to fix
-        raise UserError(f"invalid model settings: {str(e).rstrip('.')}.") from None
-    if checkpoint is not None:
-        model.load_state_dict(strip_prefixes(checkpoint['model']))
-    model.to(device)
-    raw_model = model  # the plain module: checkpoints, evaluation statistics, loss_parts, MFU
-    optimizer = raw_model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
-                                               (cfg['beta1'], cfg['beta2']), device_type)
-    # fp16 needs loss scaling to keep small gradients from underflowing; a no-op otherwise
-    scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
-    iter_num, best_val_loss, tokens, train_time, log_lines = 0, float('inf'), 0, 0.0, 0
-    if checkpoint is not None:
-        optimizer.load_state_dict(checkpoint['optimizer'])
+    def restore(self, checkpoint):
+        """Optimizer, scaler, counters, and every rank's data stream and RNG, from the checkpoint."""
+        self.optimizer.load_state_dict(checkpoint['optimizer'])
         if checkpoint.get('scaler'):
-            scaler.load_state_dict(checkpoint['scaler'])
-        iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
-        tokens, train_time = checkpoint.get('tokens', 0), checkpoint.get('train_time', 0.0)
-        if checkpoint['world_size'] == world_size:  # every rank continues its own stream and RNG exactly
-            loader.load_state_dict(checkpoint['loader'][rank])
-            set_rng_state(checkpoint['rng'][rank], device_type)  # after the model's init consumed random numbers
+            self.scaler.load_state_dict(checkpoint['scaler'])
+        self.iter_num, self.best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
+        self.tokens, self.train_time = checkpoint.get('tokens', 0), checkpoint.get('train_time', 0.0)
+        if checkpoint['world_size'] == self.world_size:  # every rank continues its own stream and RNG exactly
+            self.loader.load_state_dict(checkpoint['loader'][self.rank])
+            set_rng_state(checkpoint['rng'][self.rank], self.device_type)  # after the model's init used the RNG
         else:  # the stream continues (the loader re-splits it), but the run is no longer bit-for-bit the same
-            loader.load_state_dict(checkpoint['loader'][0])
-            if master:
+            self.loader.load_state_dict(checkpoint['loader'][0])
+            if self.master:
                 print(f"note: the checkpoint was written by {checkpoint['world_size']} process(es), this run has "
-                      f"{world_size}; the data stream continues, dropout randomness does not.")
-        ckpt_iter = iter_num
-        checkpoint = None  # free the memory
-    else:
-        ckpt_iter = None
-    if use_compile:
-        if master:
-            print('compiling the model... (takes a ~minute)')
-        model = torch.compile(model)
-    if ddp:
-        # every parameter gets a gradient each step (MoE experts are one (E, d, m) tensor: an expert that got no
-        # token gets a zero gradient), so DDP needs no find_unused_parameters traversal
-        model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
-    eval_model = model.module if ddp else model  # compiled if compiling; no DDP hooks during evaluation
+                      f"{self.world_size}; the data stream continues, dropout randomness does not.")
+        self.saved_iter = self.iter_num
 
-    # -------------------------------------------------------------------------
-    # logging
-    if master:
-        os.makedirs(out_dir, exist_ok=True)
-        for name in os.listdir(out_dir):  # a checkpoint write killed mid-way leaves its temporary file behind
+    def open_log(self):
+        """The run directory and log.jsonl: a resumed run first drops the lines past its checkpoint."""
+        cfg, resumed = self.cfg, self.saved_iter is not None
+        self.has_learned = self.master  # only the master logs, so only it pays for learned()'s extra forward pass
+        if not self.master:
+            return
+        os.makedirs(self.out_dir, exist_ok=True)
+        for name in os.listdir(self.out_dir):  # a checkpoint write killed mid-way leaves its temporary file behind
             if name.startswith('.ckpt.pt.tmp'):
-                os.remove(os.path.join(out_dir, name))
-        if ckpt_iter is not None and os.path.exists(log_path):
-            log_lines = truncate_log(log_path, ckpt_iter)
-        if ckpt_iter is None and os.path.exists(ckpt_path):  # --overwrite=True: the old run goes now, not at the
-            os.remove(ckpt_path)  # first save, so a resume can never join the old checkpoint to the new log
-        log_file = open(log_path, 'a' if ckpt_iter is not None else 'w')
-        report = raw_model.param_report()
-        print(f"{cfg['dataset']} ({meta.get('tokenizer')}, vocab {meta['vocab_size']}): "
-              f"{tokens_per_iter:,} tokens per iteration ({world_size} process(es) x {gas} accumulation steps x "
-              f"{cfg['batch_size']} x {cfg['block_size']})")
+                os.remove(os.path.join(self.out_dir, name))
+        if resumed and os.path.exists(self.log_path):
+            self.log_lines = truncate_log(self.log_path, self.saved_iter)
+        if not resumed and os.path.exists(self.ckpt_path):  # --overwrite=True: the old run goes now, not at the
+            os.remove(self.ckpt_path)  # first save, so a resume can never join the old checkpoint to the new log
+        self.log_file = open(self.log_path, 'a' if resumed else 'w')
+        report = self.raw_model.param_report()
+        print(f"{cfg['dataset']} ({self.meta.get('tokenizer')}, vocab {self.meta['vocab_size']}): "
+              f"{self.tokens_per_iter:,} tokens per iteration ({self.world_size} process(es) x {self.gas} accumulation "
+              f"steps x {cfg['batch_size']} x {cfg['block_size']})")
         print('parameters: ' + ', '.join(f"{k} {v:,}" for k, v in report.items()))
-        print(f"device {device}, dtype {dtype}, compile {use_compile}"
-              + (f", resuming at iteration {iter_num}" if ckpt_iter is not None else ''))
-    peak_flops = peak_flops_for(device_type, cfg['peak_flops'])
-    moe = raw_model.config.n_expert > 0
+        print(f"device {self.device}, dtype {self.dtype}, compile {self.use_compile}"
+              + (f", resuming at iteration {self.iter_num}" if resumed else ''))
 
-    def write_log(record):
-        nonlocal log_lines
-        if master:
-            log_file.write(json.dumps(record) + '\n')
-            log_file.flush()
-            log_lines += 1
+    # ---- what happens at log lines ---------------------------------------------------------------------------------
+
+    def write_log(self, record):
+        if self.master:
+            self.log_file.write(json.dumps(record) + '\n')
+            self.log_file.flush()
+            self.log_lines += 1
 
     @torch.no_grad()
-    def evaluate():
+    def evaluate(self):
         """Mean cross-entropy over the fixed validation batches (split across processes), in eval mode."""
-        eval_model.eval()
-        total = torch.zeros(2, device=device, dtype=torch.float64)  # [sum of losses, number of batches]
-        for X, Y in val_batches[rank::world_size]:
-            with ctx:
-                _, loss = eval_model(X.to(device), Y.to(device))
-            total += torch.stack([loss.double(), torch.ones((), device=device, dtype=torch.float64)])
-        if ddp:
+        self.eval_model.eval()
+        total = torch.zeros(2, device=self.device, dtype=torch.float64)  # [sum of losses, number of batches]
+        for X, Y in self.val_batches[self.rank::self.world_size]:
+            with self.autocast:
+                _, loss = self.eval_model(X.to(self.device), Y.to(self.device))
+            total += torch.stack([loss.double(), torch.ones((), device=self.device, dtype=torch.float64)])
+        if self.ddp:
             dist.all_reduce(total)
-        eval_model.train()
+        self.eval_model.train()
         return (total[0] / total[1]).item()
 
-    has_stats = [master]  # only the master logs, so only it pays for the extra forward pass
-
-    def activation_stats():
-        """Learned activation coefficients, MoA gate statistics and MoE load, on the first validation batch
-        (an extra eager forward pass: done on evaluation lines only). None for fixed activations."""
-        if not has_stats[0]:
+    def learned(self):
+        """What the activations learned (GPT.learned) on the first validation batch: an extra eager forward pass, on
+        evaluation lines only. None for fixed activations, which are then not asked again."""
+        if not self.has_learned:
             return None
-        stats = raw_model.activation_stats(val_batches[0][0].to(device))
-        has_stats[0] = any(stats.get('layers', []))  # a fixed activation has nothing to report: stop asking
-        return stats if has_stats[0] else None
+        report = self.raw_model.learned(self.val_batches[0][0].to(self.device))
+        self.has_learned = any(report['layers'])
+        return report if self.has_learned else None
 
-    saved_iter = [ckpt_iter]  # iteration of the checkpoint on disk (None: none written by this run's lineage)
-
-    def checkpoint_now(val_loss):
+    def save_checkpoint(self, val_loss):
         """Everything needed to continue exactly: weights, optimizer, RNG and loader state of every process."""
-        states = [{'rng': rng_state(device_type), 'loader': loader.state_dict()}]
-        if ddp:
-            gathered = [None] * world_size
+        states = [{'rng': rng_state(self.device_type), 'loader': self.loader.state_dict()}]
+        if self.ddp:
+            gathered = [None] * self.world_size
             dist.all_gather_object(gathered, states[0])
             states = gathered
-        if master:
+        if self.master:
             save_checkpoint({
-                'model': strip_prefixes(raw_model.state_dict()),
-                'optimizer': optimizer.state_dict(),
-                'scaler': scaler.state_dict() if scaler.is_enabled() else None,
-                'model_args': model_args,
-                'iter_num': iter_num,
-                'best_val_loss': best_val_loss,
+                'model': model_state(self.raw_model.state_dict()),
+                'optimizer': self.optimizer.state_dict(),
+                'scaler': self.scaler.state_dict() if self.scaler.is_enabled() else None,
+                'model_args': self.model_args,
+                'iter_num': self.iter_num,
+                'best_val_loss': self.best_val_loss,
                 'val_loss': val_loss,
-                'config': cfg,
-                'tokens': tokens,
-                'train_time': train_time,
-                'world_size': world_size,
+                'config': self.cfg,
+                'tokens': self.tokens,
+                'train_time': self.train_time,
+                'world_size': self.world_size,
                 'rng': [s['rng'] for s in states],
                 'loader': [s['loader'] for s in states],
-                'meta': meta,  # the tokenizer (char vocabulary) that sample.py decodes with
-                'log_lines': log_lines,
-            }, out_dir)
-        saved_iter[0] = iter_num
+                'meta': self.meta,  # the tokenizer (char vocabulary) that sample.py decodes with
+                'log_lines': self.log_lines,
+            }, self.out_dir)
+        self.saved_iter = self.iter_num
 
-    def last_checkpoint():
-        if saved_iter[0] is not None:
-            return f"the last good checkpoint {ckpt_path} (iteration {saved_iter[0]}) is kept"
+    def last_checkpoint(self):
+        if self.saved_iter is not None:
+            return f"the last good checkpoint {self.ckpt_path} (iteration {self.saved_iter}) is kept"
         return 'no checkpoint had been written yet'
 
-    # -------------------------------------------------------------------------
-    # training loop
-    nan_at = int(os.environ.get('NANOFFN_NAN_AT', -1))  # debug hook, see the docstring
-    pbar = tqdm(total=cfg['max_iters'], initial=iter_num, disable=not master, file=sys.stdout,
-                dynamic_ncols=True, desc='train')
-    try:
-        if iter_num == 0:  # the untrained model's validation loss starts every curve
-            val_loss = evaluate()
-            record = {'iter': 0, 'tokens': 0, 'lr': get_lr(0, cfg), 'val_loss': val_loss, 'val_hash': val_hash,
-                      'batch_hash': loader.batch_hash}
-            act = activation_stats()
-            if act:
-                record['act'] = act
-            write_log(record)
-            if master:  # tqdm.write ignores the bar's disable flag
-                pbar.write(f"iter 0: val loss {val_loss:.4f}")
-        # per-step losses since the last log line, kept on the device: checking them only at log lines avoids a
-        # CPU-GPU sync every step, yet still names the first step that went non-finite
-        window, grad_norm = [], None
-        t_window = time.time()
-        while iter_num < cfg['max_iters']:
-            lr = get_lr(iter_num, cfg)
-            for group in optimizer.param_groups:
-                group['lr'] = lr
-            parts = torch.zeros(4, device=device)  # [total loss, cross-entropy, aux, z], mean over micro-steps
-            for micro_step in range(gas):
-                X, Y = loader.next_batch()
-                if device_type == 'cuda':
-                    X, Y = X.pin_memory().to(device, non_blocking=True), Y.pin_memory().to(device, non_blocking=True)
-                else:
-                    X, Y = X.to(device), Y.to(device)
-                if ddp:
-                    # sync gradients across processes only on the last micro-step (nanoGPT's no_sync, without the
-                    # context manager)
-                    model.require_backward_grad_sync = micro_step == gas - 1
-                with ctx:
-                    _, loss = model(X, Y)
-                if iter_num + 1 == nan_at:  # this step completes iteration iter_num + 1
-                    loss = loss * float('nan')
-                lp = raw_model.loss_parts  # ce, aux, z: detached scalars of this forward
-                parts += torch.stack([loss.detach().float(), lp['ce'], lp['aux'], lp['z']]) / gas
-                scaler.scale(loss / gas).backward()
-            if cfg['grad_clip'] > 0:
-                scaler.unscale_(optimizer)
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg['grad_clip'])
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            window.append(parts)
-            iter_num += 1
-            tokens += tokens_per_iter
-            pbar.update(1)
+    # ---- the loop --------------------------------------------------------------------------------------------------
 
-            is_eval = iter_num % cfg['eval_interval'] == 0 or iter_num == cfg['max_iters']
-            if not (is_eval or iter_num % cfg['log_interval'] == 0):
-                continue
-            # ---- a log line: one sync point. Average the losses over processes, and stop on a non-finite one
-            losses = torch.stack(window)  # (steps in window, 4)
-            if ddp:
-                dist.all_reduce(losses)  # gloo has no AVG: sum, then divide
-                losses /= world_size
-            losses = losses.cpu()
-            dt = (time.time() - t_window) / len(window)
-            train_time += dt * len(window)
-            bad = (~torch.isfinite(losses[:, :2])).any(1).nonzero()
-            if len(bad):
-                k = iter_num - len(window) + int(bad[0]) + 1  # the iteration this step completed, as in the log
-                raise RunStopped(f"the training loss became non-finite ({losses[int(bad[0]), 0].item()}) at iteration "
-                                 f"{k}, so the run stopped and {last_checkpoint()}; {DIVERGED_HINT}, then resume or "
-                                 f"start again.")
-            total, ce, aux, z = losses[-1].tolist()
-            mfu = raw_model.estimate_mfu(cfg['batch_size'] * gas, dt, peak_flops) if peak_flops else None
-            record = {'iter': iter_num, 'tokens': tokens, 'lr': lr, 'loss': ce, 'ms': dt * 1000.0,
-                      'tok_s': tokens_per_iter / dt, 'mfu': mfu, 'batch_hash': loader.batch_hash}
-            if moe:
-                record.update(loss_total=total, aux=aux, z=z)
-            if grad_norm is not None:
-                record['grad_norm'] = grad_norm.item()
-            pbar.set_postfix(loss=f'{ce:.4f}', lr=f'{lr:.2e}', ms=f'{dt * 1000:.0f}',
-                             **({'mfu': f'{mfu * 100:.1f}%'} if mfu is not None else {}))
-            if is_eval:
-                val_loss = evaluate()
-                record['val_loss'] = val_loss
-                record['val_hash'] = val_hash
-                act = activation_stats()
-                if act:
-                    record['act'] = act
-                if master:
-                    pbar.write(f"iter {iter_num}: train loss {ce:.4f}, val loss {val_loss:.4f}")
-            write_log(record)  # before the checkpoint: the checkpoint at iteration k always follows line k
-            if is_eval and (val_loss < best_val_loss or cfg['always_save_checkpoint']):
-                best_val_loss = min(best_val_loss, val_loss)
-                checkpoint_now(val_loss)
-            window = []
-            t_window = time.time()  # evaluation and checkpoint time is not step time
-    finally:
-        pbar.close()
-        if master:
-            log_file.close()
-        if ddp:
-            dist.destroy_process_group()
-    if master:
-        print(f"done: {iter_num} iterations, {tokens:,} tokens, best val loss {best_val_loss:.4f}, "
-              f"checkpoint {ckpt_path}")
+    def train_step(self, lr, nan_at):
+        """One optimizer step over gradient_accumulation_steps micro-batches. Returns the detached
+        [total loss, cross-entropy, aux, z], averaged over micro-steps, on the device (no sync)."""
+        for group in self.optimizer.param_groups:
+            group['lr'] = lr
+        parts = torch.zeros(4, device=self.device)
+        for micro_step in range(self.gas):
+            X, Y = self.loader.next_batch()
+            if self.device_type == 'cuda':
+                X, Y = X.pin_memory().to(self.device, non_blocking=True), Y.pin_memory().to(self.device, non_blocking=True)
+            else:
+                X, Y = X.to(self.device), Y.to(self.device)
+            if self.ddp:
+                # sync gradients across processes only on the last micro-step (nanoGPT's no_sync, without the
+                # context manager)
+                self.model.require_backward_grad_sync = micro_step == self.gas - 1
+            with self.autocast:
+                _, loss = self.model(X, Y)
+            if self.iter_num + 1 == nan_at:  # this step completes iteration iter_num + 1
+                loss = loss * float('nan')
+            lp = self.raw_model.loss_parts  # ce, aux, z: detached scalars of this forward
+            parts += torch.stack([loss.detach().float(), lp['ce'], lp['aux'], lp['z']]) / self.gas
+            self.scaler.scale(loss / self.gas).backward()
+        grad_norm = None
+        if self.cfg['grad_clip'] > 0:
+            self.scaler.unscale_(self.optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg['grad_clip'])
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.iter_num += 1
+        self.tokens += self.tokens_per_iter
+        return parts, grad_norm
+
+    def log_line(self, window, dt, lr, grad_norm):
+        """The record of a log line from the window of per-step losses since the last one: averaged over processes,
+        and a RunStopped naming the first step whose loss was not finite."""
+        losses = torch.stack(window)  # (steps in window, 4)
+        if self.ddp:
+            dist.all_reduce(losses)  # gloo has no AVG: sum, then divide
+            losses /= self.world_size
+        losses = losses.cpu()
+        bad = (~torch.isfinite(losses[:, :2])).any(1).nonzero()
+        if len(bad):
+            k = self.iter_num - len(window) + int(bad[0]) + 1  # the iteration this step completed, as in the log
+            raise RunStopped(f"the training loss became non-finite ({losses[int(bad[0]), 0].item()}) at iteration "
+                             f"{k}, so the run stopped and {self.last_checkpoint()}; {DIVERGED_HINT}, then resume or "
+                             f"start again.")
+        total, ce, aux, z = losses[-1].tolist()
+        peak = self.peak_flops
+        mfu = self.raw_model.estimate_mfu(self.cfg['batch_size'] * self.gas, dt, peak) if peak else None
+        record = {'iter': self.iter_num, 'tokens': self.tokens, 'lr': lr, 'loss': ce, 'ms': dt * 1000.0,
+                  'tok_s': self.tokens_per_iter / dt, 'mfu': mfu, 'batch_hash': self.loader.batch_hash}
+        if self.raw_model.config.n_expert > 0:
+            record.update(loss_total=total, aux=aux, z=z)
+        if grad_norm is not None:
+            record['grad_norm'] = grad_norm.item()
+        return record
+
+    def evaluation(self, record):
+        """Adds the validation loss (and what the activations learned) to a log line's record."""
+        record['val_loss'] = self.evaluate()
+        record['val_hash'] = self.val_hash
+        learned = self.learned()
+        if learned:
+            record['act'] = learned
+        return record['val_loss']
+
+    def train(self):
+        cfg = self.cfg
+        self.peak_flops = peak_flops_for(self.device_type, cfg['peak_flops'])
+        nan_at = int(os.environ.get('NANOFFN_NAN_AT', -1))  # debug hook, see the docstring
+        pbar = tqdm(total=cfg['max_iters'], initial=self.iter_num, disable=not self.master, file=sys.stdout,
+                    dynamic_ncols=True, desc='train')
+        try:
+            if self.iter_num == 0:  # the untrained model's validation loss starts every curve
+                record = {'iter': 0, 'tokens': 0, 'lr': get_lr(0, cfg), 'batch_hash': self.loader.batch_hash}
+                val_loss = self.evaluation(record)
+                self.write_log(record)
+                if self.master:  # tqdm.write ignores the bar's disable flag
+                    pbar.write(f"iter 0: val loss {val_loss:.4f}")
+            # per-step losses since the last log line, kept on the device: checking them only at log lines avoids a
+            # CPU-GPU sync every step, yet still names the first step that went non-finite
+            window, t_window = [], time.time()
+            while self.iter_num < cfg['max_iters']:
+                lr = get_lr(self.iter_num, cfg)
+                parts, grad_norm = self.train_step(lr, nan_at)
+                window.append(parts)
+                pbar.update(1)
+                is_eval = self.iter_num % cfg['eval_interval'] == 0 or self.iter_num == cfg['max_iters']
+                if not (is_eval or self.iter_num % cfg['log_interval'] == 0):
+                    continue
+                dt = (time.time() - t_window) / len(window)  # one sync point per log line
+                self.train_time += dt * len(window)
+                record = self.log_line(window, dt, lr, grad_norm)
+                pbar.set_postfix(loss=f"{record['loss']:.4f}", lr=f'{lr:.2e}', ms=f'{dt * 1000:.0f}',
+                                 **({'mfu': f"{record['mfu'] * 100:.1f}%"} if record['mfu'] is not None else {}))
+                if is_eval:
+                    val_loss = self.evaluation(record)
+                    if self.master:
+                        pbar.write(f"iter {self.iter_num}: train loss {record['loss']:.4f}, val loss {val_loss:.4f}")
+                self.write_log(record)  # before the checkpoint: the checkpoint at iteration k always follows line k
+                if is_eval and (val_loss < self.best_val_loss or cfg['always_save_checkpoint']):
+                    self.best_val_loss = min(self.best_val_loss, val_loss)
+                    self.save_checkpoint(val_loss)
+                window, t_window = [], time.time()  # evaluation and checkpoint time is not step time
+        finally:
+            pbar.close()
+            if self.master:
+                self.log_file.close()
+            if self.ddp:
+                dist.destroy_process_group()
+        if self.master:
+            print(f"done: {self.iter_num} iterations, {self.tokens:,} tokens, best val loss {self.best_val_loss:.4f}, "
+                  f"checkpoint {self.ckpt_path}")
+
+
+def main(argv):
+    cfg, given = parse_args(DEFAULTS, argv, types=TYPES, prog='train.py', doc=__doc__.split('\n\n')[1])
+    checkpoint, cfg = resume_settings(cfg, given)
+    check_config(cfg)
+    Trainer(cfg, checkpoint).train()
 
 
 if __name__ == '__main__':

@@ -1,5 +1,6 @@
-"""Issue 2 checks 2, 3, 5, 7, 8 (and issue 7 check 2): the activations equal their formulas, exactly where the SPEC
-says so, their recomputing backwards are right, and they keep little memory for backward."""
+"""The activations equal their papers' formulas (independent float64 references written here, not imported), exactly
+where an equivalence is claimed (LA one-hot = the fixed activation, MoA with zero gates = LA, bi-sided GLUs = SwiGLU);
+their recomputing backwards pass gradcheck; and they keep little memory for backward."""
 import math
 
 import pytest
@@ -12,7 +13,7 @@ from model import FFN, GPTConfig
 torch.manual_seed(0)
 
 
-# ---- independent references, written from the SPEC formulas with plain autograd ----------------------------------
+# ---- independent references, written from the papers' formulas with plain autograd ----------------------------------
 def rms_norm(v, eps=1e-6):
     return v / torch.sqrt((v * v).mean(-1, keepdim=True) + eps)
 
@@ -68,14 +69,14 @@ def test_la_and_moa_match_mixture_reference():
     names = list(A.BASIS)
     moa = A.MoA(names, 16).double()
     with torch.no_grad():
-        moa.gate.weight.normal_()
-        moa.gate.bias.normal_()
+        moa.mix_logits.weight.normal_()
+        moa.mix_logits.bias.normal_()
         moa.alpha.normal_()
     x = torch.randn(3, 5, 16, dtype=torch.float64)
     h = torch.randn(3, 5, 32, dtype=torch.float64)
-    c = moa.alpha * 2 * torch.sigmoid(x @ moa.gate.weight.T + moa.gate.bias)
+    c = moa.alpha * 2 * torch.sigmoid(x @ moa.mix_logits.weight.T + moa.mix_logits.bias)
     y_ref = sum(c[..., k : k + 1] * REF_BASIS[n](h) for k, n in enumerate(names))
-    torch.testing.assert_close(moa(h, moa.context(x)), y_ref)
+    torch.testing.assert_close(moa(h, moa.token_coefs(x)), y_ref)
 
 
 @pytest.mark.parametrize("gate", ["sigmoid", "softmax", "tanh"])
@@ -87,7 +88,7 @@ def test_moa_with_zero_gates_equals_la_exactly(gate):
         la.alpha.copy_(alpha)
         moa.alpha.copy_(alpha)
     x, h = torch.randn(4, 10, 32), torch.randn(4, 10, 128)
-    assert torch.equal(moa(h, moa.context(x)), la(h))
+    assert torch.equal(moa(h, moa.token_coefs(x)), la(h))
 
 
 @pytest.mark.parametrize("variant", ["la_glu", "moa_glu"])
@@ -99,6 +100,61 @@ def test_bisided_glu_with_onehot_silu_identity_equals_swiglu_exactly(variant):
         getattr(mixture, name).load_state_dict(getattr(swiglu, name).state_dict())
     x = torch.randn(3, 8, d)
     assert torch.equal(mixture(x)[0], swiglu(x)[0])
+
+
+def test_the_readers_references_in_activations_py_equal_the_lean_functions():
+    """activations.py shows each formula as a plain reference before its memory-lean Function: they agree."""
+    h = torch.randn(4, 6, 40, dtype=torch.float64)
+    a = torch.randn(4, dtype=torch.float64)
+    for use_relu, use_norm in [(False, True), (True, False), (True, True)]:
+        torch.testing.assert_close(A._PolyFunction.apply(h, a, use_relu, use_norm, 1e-6),
+                                   A.poly_reference(h, a, use_relu, use_norm))
+        torch.testing.assert_close(A.poly_reference(h, a, use_relu, use_norm),
+                                   poly_reference({(False, True): "polynorm", (True, False): "polyrelu",
+                                                   (True, True): "polyrelunorm"}[(use_relu, use_norm)], h, a))
+    names = tuple(A.BASIS)
+    c = torch.randn(4, 6, len(names), dtype=torch.float64)
+    torch.testing.assert_close(A._MixFunction.apply(h, c, names), A.mix_reference(h, c, names))
+
+
+# ---- xIELU (Huang et al. 2024, arXiv 2411.13010) ------------------------------------------------------------------
+def xielu_reference(h, alpha_p, alpha_n, beta=0.5, eps=-1e-6):
+    """The paper's formula, with α_p, α_n the positive coefficients themselves (not their softplus parameters)."""
+    pos = alpha_p * h * h + beta * h
+    neg = alpha_n * (torch.exp(torch.minimum(h, torch.tensor(eps, dtype=h.dtype))) - 1 - h) + beta * h
+    return torch.where(h > 0, pos, neg)
+
+
+def test_xielu_matches_the_paper_forward_and_gradients():
+    act = A.XIELU().double()
+    softplus = lambda v: math.log1p(math.exp(v))
+    assert softplus(act.a_p.item()) == pytest.approx(0.8) and 0.5 + softplus(act.a_n.item()) == pytest.approx(0.8)
+    with torch.no_grad():  # off the init, so both learned scalars matter
+        act.a_p.add_(0.3)
+        act.a_n.sub_(0.4)
+    h = torch.cat([torch.linspace(-6, 6, 97), torch.tensor([0.0, -1e-7, 1e-7])]).double().requires_grad_(True)
+    a_p = act.a_p.detach().clone().requires_grad_(True)
+    a_n = act.a_n.detach().clone().requires_grad_(True)
+    alpha_p = torch.log1p(torch.exp(a_p))
+    alpha_n = 0.5 + torch.log1p(torch.exp(a_n))
+    y, y_ref = act(h), xielu_reference(h, alpha_p, alpha_n)
+    torch.testing.assert_close(y, y_ref)
+    g = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (h, act.a_p, act.a_n), g)
+    grads_ref = torch.autograd.grad(y_ref, (h, a_p, a_n), g)
+    for got, want in zip(grads, grads_ref):
+        torch.testing.assert_close(got, want)
+    report = act.learned(None)
+    assert report["alpha_p"] == pytest.approx(alpha_p.item()) and report["alpha_n"] == pytest.approx(alpha_n.item())
+
+
+def test_xielu_computes_in_fp32_under_autocast():
+    act = A.XIELU()
+    h = torch.linspace(-8, 8, 512).reshape(2, 256)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = act(h.bfloat16())
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), act(h), rtol=1e-2, atol=1e-2)
 
 
 # ---- custom backwards: float64 gradcheck ---------------------------------------------------------------------------

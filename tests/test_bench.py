@@ -1,4 +1,4 @@
-"""Issue 7 (bench part): bench.py's JSON reports the model's own parameter counts and ratios against the baseline
+"""bench.py's JSON reports the model's own parameter counts and ratios against the baseline
 measured in the same run. Tiny shapes, eager only, a few repeats: seconds, not minutes."""
 import json
 import statistics

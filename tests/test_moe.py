@@ -1,4 +1,5 @@
-"""Issue 5: the toy MoE routes, dispatches and balances as SPEC §4 says, drops no token, and compiles."""
+"""The toy MoE routes, dispatches and balances as model.MoE's docstring says (fp32 softmax router, top-k, renormalised
+weights, dropless grouped dispatch, load-balance and z-losses), drops no token, and compiles."""
 import copy
 
 import pytest
@@ -32,9 +33,9 @@ def naive_moe(moe, x):
         y = 0
         for wi, ei in zip(w, e):
             if moe.act_up is None:
-                h = moe.act(xt @ moe.w_up[ei], moe.act.context(xt))
+                h = moe.act(xt @ moe.w_up[ei], moe.act.token_coefs(xt))
             else:
-                h = glu(moe.act, moe.act_up, xt @ moe.w_gate[ei], xt @ moe.w_up[ei], moe.act.context(xt), moe.act_up.context(xt))
+                h = glu(moe.act, moe.act_up, xt @ moe.w_gate[ei], xt @ moe.w_up[ei], moe.act.token_coefs(xt), moe.act_up.token_coefs(xt))
             y = y + wi * (h @ moe.w_down[ei])
         out.append(y[0])
     return torch.stack(out).view_as(x)
@@ -115,8 +116,8 @@ def test_no_token_is_dropped_even_with_a_skewed_router(ffn):
             moe.w_down[e, 0, e] = 1.0
         if ffn == "moa":
             moe.act.alpha.fill_(1.0)
-            moe.act.gate.weight.zero_()
-            moe.act.gate.bias.zero_()
+            moe.act.mix_logits.weight.zero_()
+            moe.act.mix_logits.bias.zero_()
     x = torch.randn(1, 200, d)
     x[..., 0] = 1.0
     y, _ = moe(x)

@@ -158,9 +158,9 @@ def test_error_wrong_type():
 
 
 def test_error_unknown_ffn():
-    from model import FFN_VARIANTS
+    from activations import VARIANTS
     p = run('train.py', '--ffn=swigloo')
-    assert_user_error(p, "'swigloo'", *FFN_VARIANTS)
+    assert_user_error(p, "'swigloo'", *VARIANTS)
 
 
 def test_error_missing_dataset(tmp_path):
@@ -191,7 +191,7 @@ def test_error_sample_without_checkpoint(tmp_path):
 # check 4: a kill during the checkpoint write leaves the previous checkpoint loadable
 
 def test_killed_checkpoint_write_keeps_previous(tiny_run, monkeypatch):
-    import train
+    import common
     _, out = tiny_run
     path = os.path.join(out, 'ckpt.pt')
     before = open(path, 'rb').read()
@@ -206,7 +206,7 @@ def test_killed_checkpoint_write_keeps_previous(tiny_run, monkeypatch):
 
     monkeypatch.setattr(torch, 'save', dying_save)
     with pytest.raises(KeyboardInterrupt):
-        train.save_checkpoint({**ckpt, 'iter_num': 999}, out)
+        common.save_checkpoint({**ckpt, 'iter_num': 999}, out)
     monkeypatch.undo()
     assert open(path, 'rb').read() == before
     assert torch.load(path, weights_only=True)['iter_num'] == 4

@@ -1,0 +1,147 @@
+"""
+Helpers that train.py, sample.py, compare.py and bench.py share: the device and precision a run uses, and the files a
+run directory holds (ckpt.pt, log.jsonl, small JSON records). One place each, so every script follows the same rules.
+"""
+import json
+import os
+from contextlib import nullcontext
+
+import torch
+
+from configurator import RunStopped, UserError
+
+# ----------------------------------------------------------------------------------------------------------------------
+# device and precision
+
+DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
+
+
+def mps_available():
+    return getattr(torch.backends, 'mps', None) is not None and torch.backends.mps.is_available()
+
+
+def resolve_device(name):
+    """'auto' picks cuda, then mps, then cpu; an explicit choice must exist on this machine."""
+    if name == 'auto':
+        return 'cuda' if torch.cuda.is_available() else 'mps' if mps_available() else 'cpu'
+    kind = name.split(':')[0]
+    if kind not in ('cpu', 'cuda', 'mps'):
+        raise UserError(f"--device expects auto, cpu, cuda, cuda:N or mps, got '{name}'.")
+    if kind == 'cuda' and not torch.cuda.is_available():
+        raise UserError("--device=cuda but no CUDA GPU is available here; use --device=cpu (or auto).")
+    if kind == 'mps' and not mps_available():
+        raise UserError("--device=mps but MPS is not available here; use --device=cpu (or auto).")
+    return name
+
+
+def resolve_dtype(name, device_type):
+    """'auto' is bfloat16 on a CUDA GPU that supports it, float32 elsewhere."""
+    if name == 'auto':
+        return 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+    if name not in DTYPES:
+        raise UserError(f"--dtype expects auto, float32, bfloat16 or float16, got '{name}'.")
+    if name == 'bfloat16' and device_type == 'cuda' and not torch.cuda.is_bf16_supported():
+        raise UserError("this GPU does not support bfloat16; use --dtype=float16 (with loss scaling) or float32.")
+    return name
+
+
+def autocast(device_type, dtype):
+    """Mixed precision for bfloat16/float16 (matmuls in the low precision, reductions in fp32); nothing for float32."""
+    return nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=DTYPES[dtype])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def save_checkpoint(ckpt, out_dir, name='ckpt.pt'):
+    """Write atomically: torch.save into a temporary file in out_dir, fsync, then os.replace over the old file.
+    A kill at any moment leaves either the previous checkpoint or the new one, never a torn file."""
+    path = os.path.join(out_dir, name)
+    tmp = os.path.join(out_dir, f'.{name}.tmp{os.getpid()}')
+    try:
+        with open(tmp, 'wb') as f:
+            torch.save(ckpt, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:  # disk full, permissions: stop cleanly, the previous checkpoint is untouched
+        raise RunStopped(f"could not write the checkpoint {path} ({e.strerror or e}); the previous one is kept, "
+                         f"free some space and resume with --init_from=resume.") from None
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def load_checkpoint(out_dir, missing_hint):
+    """out_dir/ckpt.pt as written by train.py, or a UserError: `missing_hint` says what to do if there is none.
+    weights_only: a checkpoint holds tensors and plain Python values only, so loading one cannot run code."""
+    path = os.path.join(out_dir, 'ckpt.pt')
+    if not os.path.exists(path):
+        raise UserError(f"there is no checkpoint at {path}; {missing_hint}")
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=True)
+        for key in ('model', 'model_args', 'config', 'iter_num'):
+            ckpt[key]
+    except Exception as e:
+        raise UserError(f"cannot read the checkpoint {path} ({type(e).__name__}); it is not a train.py checkpoint or "
+                        f"it is damaged, so train the run again.") from None
+    return ckpt
+
+
+def checkpoint_field(run_dir, key):
+    """One plain field of run_dir/ckpt.pt (iter_num, model_args), read by memory map: the tensors are not loaded.
+    None if there is no readable checkpoint."""
+    try:
+        return torch.load(os.path.join(run_dir, 'ckpt.pt'), map_location='cpu', weights_only=True, mmap=True)[key]
+    except Exception:
+        return None
+
+
+def model_state(state_dict):
+    """A checkpoint's model weights as a plain GPT's state dict: a compiled model's keys carry '_orig_mod.' and a DDP
+    one's 'module.' (stripped), and MoA's gate logits were called `gate` before they were renamed `mix_logits`."""
+    out = {}
+    for k, v in state_dict.items():
+        for prefix in ('_orig_mod.', 'module.'):
+            while k.startswith(prefix):
+                k = k[len(prefix):]
+            k = k.replace('.' + prefix, '.')  # a compiled block inside the model
+        out[k.replace('.act.gate.', '.act.mix_logits.').replace('.act_up.gate.', '.act_up.mix_logits.')] = v
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# log.jsonl and JSON records
+
+
+def read_log(path):
+    """The records of a log.jsonl; a torn last line (a kill mid-write) is dropped."""
+    records = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break
+    return records
+
+
+def read_json(path):
+    """A JSON file's content, or None if it is missing or not JSON."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path, obj):
+    """Write a JSON file atomically (a temporary file renamed over it)."""
+    tmp = path + '.tmp'
+    with open(tmp, 'w') as f:
+        json.dump(obj, f, indent=1)
+        f.write('\n')
+    os.replace(tmp, path)
