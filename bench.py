@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 
 import torch
 
-from activations import VARIANTS
+from activations import VARIANTS, check_variant
 from common import resolve_device, resolve_dtype
 from configurator import UserError, parse_args, run_cli
 from model import GPT, GPTConfig
@@ -99,9 +99,13 @@ def resolve(cfg):
     """Check the settings; return (variants incl. baselines in registry order, compile modes, device, dtype)."""
     names = list(VARIANTS)  # registry order: relu, gelu, …, moa, swiglu, …, moa_glu
     asked = names if cfg["variants"] == "all" else [v.strip() for v in cfg["variants"].split(",") if v.strip()]
-    unknown = [v for v in asked if v not in VARIANTS]
-    if unknown or not asked:
-        raise UserError(f"unknown variant(s) {', '.join(unknown) or '(none given)'}; choose from: all, {', '.join(names)}.")
+    if not asked:
+        raise UserError(f"--variants is empty; give 'all' or comma-separated names of: {', '.join(names)}.")
+    for v in asked:
+        try:
+            check_variant(v)
+        except ValueError as e:
+            raise UserError(f"--variants: {e} (or 'all').") from None
     wanted = set(asked) | {baseline_of(v) for v in asked}
     variants = [v for v in names if v in wanted]
 

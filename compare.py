@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 import report
 import train
-from activations import VARIANTS
+from activations import check_variant
 from common import checkpoint_field, read_json, read_log, write_json
 from configurator import RunStopped, UserError, parse_args, run_cli
 from report import PER_RUN_KEYS, fmt_value
@@ -68,9 +68,11 @@ def plan(cfg, given):
     variants = [v.strip() for v in cfg['variants'].split(',') if v.strip()]
     if not variants:
         raise UserError("--variants is empty; give comma-separated ffn names, e.g. --variants=gelu,swiglu.")
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        raise UserError(f"unknown variant '{unknown[0]}' in --variants; choose among: {', '.join(VARIANTS)}.")
+    for v in variants:
+        try:
+            check_variant(v)
+        except ValueError as e:
+            raise UserError(f"--variants: {e}.") from None
     if len(set(variants)) != len(variants):
         raise UserError(f"--variants names a variant twice ({cfg['variants']}); list each once.")
     if cfg['seeds'] < 1:

@@ -66,7 +66,7 @@ def test_ratios_are_against_the_baseline_of_the_same_run(report):
 
 
 def test_user_mistakes_are_one_sentence_errors():
-    for args, words in [(["--variants=gelu,nope"], "unknown variant"), (["--compile=maybe"], "--compile"),
+    for args, words in [(["--variants=gelu,nope"], "unknown ffn"), (["--compile=maybe"], "--compile"),
                         (["--n_head=3"], "divisible"), (["--profile=nope"], "--profile")]:
         with pytest.raises(UserError, match=words):
             bench.main(TINY + ["--repeats=1", "--json="] + args)

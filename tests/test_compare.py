@@ -199,7 +199,7 @@ def test_stopped_and_cut_off_runs(compared, shakespeare_char_dir, tmp_path, monk
 
 
 @pytest.mark.parametrize('extra, words', [
-    (['--variants=gelu,swishglu'], 'unknown variant'),
+    (['--variants=gelu,swishglu'], 'unknown ffn'),
     (['--variants=gelu,relu2', '--baseline=swiglu'], 'baseline'),
     (['--seeds=0'], 'seeds'),
     (['--n_layers=2'], 'n_layer'),
