@@ -2,8 +2,11 @@
 Helpers that train.py, sample.py, compare.py and bench.py share: the device and precision a run uses, and the files a
 run directory holds (ckpt.pt, log.jsonl, small JSON records). One place each, so every script follows the same rules.
 """
+import fcntl
 import json
 import os
+import socket
+import sys
 from contextlib import nullcontext
 
 import torch
@@ -82,11 +85,15 @@ def load_checkpoint(out_dir, missing_hint):
         raise UserError(f"there is no checkpoint at {path}; {missing_hint}")
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True)
-        for key in ('model', 'model_args', 'config', 'iter_num'):
+        for key in ('model_args', 'config', 'iter_num'):
             ckpt[key]
+        finite = all(bool(v.isfinite().all()) for v in ckpt['model'].values() if v.is_floating_point())
     except Exception as e:
         raise UserError(f"cannot read the checkpoint {path} ({type(e).__name__}); it is not a train.py checkpoint or "
                         f"it is damaged, so train the run again.") from None
+    if not finite:  # train.py never writes one; an older version could, after a diverged step
+        raise UserError(f"the checkpoint {path} (iteration {ckpt['iter_num']}) holds non-finite weights, so it "
+                        f"cannot be used; train the run again with a lower learning_rate.")
     return ckpt
 
 
@@ -113,20 +120,91 @@ def model_state(state_dict):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# the run directory's owner
+
+LOCK_FD_ENV = 'NANOFFN_LOCK_FD'  # compare.py hands the lock it took for a run to the train.py it starts
+
+
+def try_lock_run_dir(out_dir):
+    """(lock file, None) if this process now owns out_dir, or (None, 'PID n on host h') naming the process that does.
+
+    The lock is an exclusive fcntl.flock on out_dir/.lock, a file holding the owner's PID and host. The kernel releases
+    a flock when its process ends, however it ends (kill -9 included), so a .lock left behind by a dead run is simply
+    taken over: nothing to clean up by hand. Keep the returned file open for as long as the run writes; closing it
+    releases the lock. A process started with the lock's file descriptor in LOCK_FD_ENV shares its parent's lock.
+    Limitation: on network filesystems flock may exclude only processes of the same machine (it depends on the
+    filesystem and its client), so two machines must not train into one shared folder at once.
+    """
+    path = os.path.join(out_dir, '.lock')
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        f = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), 'r+')  # never truncated before it is ours
+    except OSError as e:
+        raise UserError(f"cannot write in --out_dir={out_dir} ({e.strerror or e}); choose a directory you can write "
+                        f"to.") from None
+    inherited = os.environ.get(LOCK_FD_ENV, '')
+    if inherited.isdigit() and _same_file(int(inherited), f.fileno()):
+        f.close()
+        f = os.fdopen(int(inherited), 'r+')
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = f.read().strip() or 'unknown'
+        f.close()
+        pid, _, host = owner.partition(' ')
+        return None, f"PID {pid}" + (f" on {host}" if host else '')
+    except OSError as e:  # a filesystem without locks: train anyway, but say that the folder is not guarded
+        print(f"warning: cannot lock {path} ({e.strerror or e}); make sure no other run uses {out_dir}.", file=sys.stderr)
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()} {socket.gethostname()}\n")
+    f.flush()
+    return f, None
+
+
+def lock_run_dir(out_dir):
+    """The lock file of out_dir (see try_lock_run_dir), or a UserError naming the process that owns the directory."""
+    f, owner = try_lock_run_dir(out_dir)
+    if f is None:
+        raise UserError(f"{out_dir} is in use by another run ({owner}); wait for it to finish or stop it, or choose "
+                        f"another --out_dir.")
+    return f
+
+
+def _same_file(fd, other_fd):
+    try:
+        a, b = os.fstat(fd), os.fstat(other_fd)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # log.jsonl and JSON records
 
 
-def read_log(path):
-    """The records of a log.jsonl; a torn last line (a kill mid-write) is dropped."""
-    records = []
+def read_log_lines(path):
+    """(records, damaged): the JSON records of a log.jsonl, and the text of the lines that are not a JSON object (a
+    torn last line after a kill mid-write, or a line damaged by hand or by a disk), which are skipped, never a reason
+    to ignore the intact lines after them."""
+    records, damaged = [], []
     if os.path.exists(path):
-        with open(path) as f:
+        with open(path, encoding='utf-8', errors='replace') as f:
             for line in f:
                 try:
-                    records.append(json.loads(line))
+                    record = json.loads(line)
                 except json.JSONDecodeError:
-                    break
-    return records
+                    record = None
+                if isinstance(record, dict):
+                    records.append(record)
+                elif line.strip():
+                    damaged.append(line if line.endswith('\n') else line + '\n')
+    return records, damaged
+
+
+def read_log(path):
+    """The records of a log.jsonl (damaged lines skipped, see read_log_lines)."""
+    return read_log_lines(path)[0]
 
 
 def read_json(path):

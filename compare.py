@@ -39,7 +39,7 @@ from tqdm import tqdm
 import report
 import train
 from activations import check_variant
-from common import checkpoint_field, read_json, read_log, write_json
+from common import LOCK_FD_ENV, checkpoint_field, read_json, read_log, try_lock_run_dir, write_json
 from configurator import RunStopped, UserError, parse_args, run_cli
 from report import PER_RUN_KEYS, fmt_value
 
@@ -139,12 +139,12 @@ def describe_mismatch(run):
 
 
 class Job:
-    """One train.py run as a subprocess, its output appended to run_dir/train.out."""
+    """One train.py run as a subprocess, its output appended to run_dir/train.out. `lock` is the run directory's lock
+    (common.try_lock_run_dir), taken by compare.py and handed to the child, so no other process can slip in between."""
 
-    def __init__(self, run, mode, threads):
+    def __init__(self, run, mode, threads, lock):
         self.run, self.mode, self.t0 = run, mode, time.time()
         d = run['dir']
-        os.makedirs(d, exist_ok=True)
         self.log_path, self.out_path = os.path.join(d, 'log.jsonl'), os.path.join(d, 'train.out')
         self.resumed_from = checkpoint_field(d, 'iter_num') if mode == 'resume' else None
         args = dict(run['args'])
@@ -155,13 +155,17 @@ class Job:
         self.record = {'args': record_args(run), 'status': 'running'}
         write_json(os.path.join(d, RECORD), self.record)
         cmd = [sys.executable, TRAIN_PY] + [f'--{k}={v}' for k, v in args.items()]
-        env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
+        env = {**os.environ, 'PYTHONUNBUFFERED': '1', LOCK_FD_ENV: str(lock.fileno())}
         if threads > 0:  # small CPU models: one thread per run, runs side by side, beats threads fighting for cores
             env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
         with open(self.out_path, 'a') as out:
             out.write(f"$ {' '.join(cmd)}\n")
             out.flush()
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            try:
+                self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             env=env, pass_fds=(lock.fileno(),))
+            finally:
+                lock.close()  # the child holds the lock now (one lock, shared), released when it exits
 
     @property
     def name(self):
@@ -219,14 +223,32 @@ class Job:
         return line + (f", final val loss {val:.4f}" if val is not None else '')
 
 
-def train_all(todo, jobs, threads, statuses, pbar):
-    """Run the (run, mode) pairs in todo, at most `jobs` at a time, and fill statuses."""
-    pending, active = list(todo), []
+def train_all(todo, jobs, threads, statuses, pbar, max_iters):
+    """Run the (run, mode) pairs in todo, at most `jobs` at a time, and fill statuses. A run whose directory another
+    process owns (a second compare.py on the same out_dir, or a train.py) is left to it and taken up once that process
+    is done: reused if it finished, resumed if not. So two compare.py on one out_dir share the work."""
+    pending, active, waiting = list(todo), [], set()
     try:
         while pending or active:
-            while pending and len(active) < jobs:
-                run, mode = pending.pop(0)
-                active.append(Job(run, mode, threads))
+            for run, mode in list(pending):
+                if len(active) >= jobs:
+                    break
+                lock, owner = try_lock_run_dir(run['dir'])
+                if lock is None:
+                    if run['dir'] not in waiting:
+                        waiting.add(run['dir'])
+                        pbar.write(f"{run['variant']} seed {run['seed']}: {run['dir']} is in use by {owner}; "
+                                   f"waiting for it")
+                    continue
+                pending.remove((run, mode))
+                state = run_state(run, max_iters)  # another process may have trained it meanwhile
+                if state in ('done', 'stopped'):
+                    lock.close()
+                    statuses[(run['variant'], run['seed'])] = state
+                    pbar.write(f"{run['variant']} seed {run['seed']}: reused ({state} by another process)")
+                    pbar.update(1)
+                    continue
+                active.append(Job(run, state if state in ('resume', 'scratch') else mode, threads, lock))
             time.sleep(0.5)
             for job in [j for j in active if j.proc.poll() is not None]:
                 active.remove(job)
@@ -306,7 +328,7 @@ def main(argv):
             pbar.update(1)
     todo = [(r, 'scratch' if states[id(r)] == 'mismatch' else states[id(r)]) for r in runs
             if states[id(r)] not in ('done', 'stopped')]
-    train_all(todo, cfg['jobs'], cfg['threads'], statuses, pbar)
+    train_all(todo, cfg['jobs'], cfg['threads'], statuses, pbar, max_iters)
     pbar.close()
 
     summary, by_variant = report.summarize(cfg, variants, seeds, baseline, runs, statuses)

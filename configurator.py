@@ -12,6 +12,9 @@ takes 12 or 1e4 (an integral float is fine) but not 3.5 (never silently truncate
 (--dataset=shakespeare_char, no quotes needed). A key whose default is None means "auto"; its type is
 given in `types` and it also accepts the words auto/None.
 
+A config file that calls sys.exit("why") stops the command before anything runs: like any other mistake in a
+config file it is reported as one sentence carrying its message ('why', or the exit status it gave), exit status 2.
+
 Mistakes raise UserError with one sentence; `run_cli(main)` prints it on stderr and exits 2 with no
 traceback. Every script (train.py, sample.py, compare.py, bench.py) should end with
 `if __name__ == '__main__': run_cli(main)`.
@@ -145,12 +148,18 @@ def parse_args(defaults, argv, types=None, prog='train.py', doc=''):
             # a config file: exec it with the current settings in scope
             if not os.path.isfile(arg):
                 raise UserError(f"config file '{arg}' not found; give a path such as config/shakespeare_char.py.")
-            with open(arg) as f:
-                source = f.read()
+            try:
+                with open(arg, encoding='utf-8') as f:
+                    source = f.read()
+            except UnicodeDecodeError:
+                raise UserError(f"config file '{arg}' is not UTF-8 text; save it as UTF-8.") from None
             scope = dict(config)
             scope['__builtins__'] = __builtins__
             try:
                 exec(compile(source, arg, 'exec'), scope)
+            except SystemExit as e:  # the file stopped the command on purpose: its message is the sentence
+                said = e.code if isinstance(e.code, str) else f'exit status {e.code}'
+                raise UserError(f"config file '{arg}' called sys.exit ({said}), so nothing was run.") from None
             except Exception as e:  # a broken config file is the user's to fix, report it in one line
                 raise UserError(f"config file '{arg}' failed to run ({type(e).__name__}: {e}); fix the file.") from None
             assigned = _assigned_names(source)

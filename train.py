@@ -40,7 +40,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from common import autocast, load_checkpoint, model_state, read_log, resolve_device, resolve_dtype, save_checkpoint
+from common import (autocast, load_checkpoint, lock_run_dir, model_state, read_log_lines, resolve_device, resolve_dtype,
+                    save_checkpoint)
 from configurator import RunStopped, UserError, parse_args, run_cli
 from activations import check_variant
 from model import GPT, GPTConfig
@@ -97,6 +98,11 @@ DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
 
 def check_config(cfg):
     """Catch the mistakes a config can make before anything is built or written."""
+    out_dir = cfg['out_dir']
+    if not out_dir.strip():
+        raise UserError("--out_dir is empty; give the run's directory, e.g. --out_dir=out-gelu.")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError(f"--out_dir={out_dir} is a file, not a directory; choose another --out_dir.")
     if cfg['init_from'] not in ('scratch', 'resume'):
         raise UserError(f"--init_from expects scratch or resume, got '{cfg['init_from']}'.")
     if cfg['schedule'] not in ('cosine', 'wsd', 'constant'):
@@ -114,6 +120,18 @@ def check_config(cfg):
             raise UserError(f"--{key} must not be negative, got {cfg[key]}.")
     if not 0.0 <= cfg['decay_frac'] <= 1.0:
         raise UserError(f"--decay_frac must be between 0 and 1, got {cfg['decay_frac']}.")
+    for key in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'):
+        if not (math.isfinite(cfg[key]) and cfg[key] >= 0):  # `not >=` also catches NaN
+            raise UserError(f"--{key} must be a finite number >= 0, got {cfg[key]}.")
+    for key in ('beta1', 'beta2'):  # AdamW's moment decay rates (Loshchilov & Hutter 2019) lie in [0, 1)
+        if not 0.0 <= cfg[key] < 1.0:
+            raise UserError(f"--{key} must be in [0, 1), got {cfg[key]}.")
+    if cfg['seed'] < 0:
+        raise UserError(f"--seed must be >= 0, got {cfg['seed']}.")
+    try:  # the model's own checks (e.g. RoPE's even head size); vocab_size 0 = the dataset's, known later
+        GPTConfig(**{k: cfg[k] for k in MODEL_KEYS if k != 'vocab_size'})
+    except ValueError as e:
+        raise UserError(f"invalid model settings: {str(e).rstrip('.')}.") from None
 
 
 def get_lr(it, cfg):
@@ -157,8 +175,15 @@ def set_rng_state(state, device_type):
 
 
 def truncate_log(path, iter_num):
-    """Keep only the lines up to the checkpoint's iteration: the resumed run writes the later ones again."""
-    records = [r for r in read_log(path) if r.get('iter', 0) <= iter_num]
+    """Keep every intact line up to the checkpoint's iteration: the resumed run writes the later ones again. A damaged
+    line is never dropped silently: it is appended to log.jsonl.damaged, with a warning."""
+    records, damaged = read_log_lines(path)
+    records = [r for r in records if r.get('iter', 0) <= iter_num]
+    if damaged:
+        with open(path + '.damaged', 'a', encoding='utf-8') as f:
+            f.writelines(damaged)
+        print(f"warning: {len(damaged)} damaged line(s) of {path} moved to {path}.damaged; the intact lines are kept.",
+              file=sys.stderr)
     tmp = path + '.tmp'
     with open(tmp, 'w') as f:
         for r in records:
@@ -315,12 +340,14 @@ class Trainer:
         self.saved_iter = self.iter_num
 
     def open_log(self):
-        """The run directory and log.jsonl: a resumed run first drops the lines past its checkpoint."""
+        """The run directory and log.jsonl: a resumed run first drops the lines past its checkpoint. The directory is
+        locked before anything in it changes, so a second run on it is refused (see common.try_lock_run_dir)."""
         cfg, resumed = self.cfg, self.saved_iter is not None
         self.has_learned = self.master  # only the master logs, so only it pays for learned()'s extra forward pass
+        self.lock = None
         if not self.master:
             return
-        os.makedirs(self.out_dir, exist_ok=True)
+        self.lock = lock_run_dir(self.out_dir)  # held until train() ends; the kernel drops it if the process dies
         for name in os.listdir(self.out_dir):  # a checkpoint write killed mid-way leaves its temporary file behind
             if name.startswith('.ckpt.pt.tmp'):
                 os.remove(os.path.join(self.out_dir, name))
@@ -394,6 +421,17 @@ class Trainer:
                 'log_lines': self.log_lines,
             }, self.out_dir)
         self.saved_iter = self.iter_num
+
+    def check_finite(self, val_loss):
+        """Stop before a checkpoint could hold a diverged model. The training loss of a step is computed before its
+        update, so it cannot see the update that broke the weights: the weights and the validation loss computed from
+        them can. The same on every process (the weights are equal and val_loss is all-reduced)."""
+        finite = math.isfinite(val_loss) and bool(torch.stack([p.isfinite().all()
+                                                                for p in self.raw_model.parameters()]).all())
+        if not finite:
+            raise RunStopped(f"the weights became non-finite at iteration {self.iter_num} (validation loss {val_loss}),"
+                             f" so the run stopped and {self.last_checkpoint()}; {DIVERGED_HINT}, then resume or start "
+                             f"again.")
 
     def last_checkpoint(self):
         if self.saved_iter is not None:
@@ -501,6 +539,7 @@ class Trainer:
                                  **({'mfu': f"{record['mfu'] * 100:.1f}%"} if record['mfu'] is not None else {}))
                 if is_eval:
                     val_loss = self.evaluation(record)
+                    self.check_finite(val_loss)
                     if self.master:
                         pbar.write(f"iter {self.iter_num}: train loss {record['loss']:.4f}, val loss {val_loss:.4f}")
                 self.write_log(record)  # before the checkpoint: the checkpoint at iteration k always follows line k
@@ -512,6 +551,7 @@ class Trainer:
             pbar.close()
             if self.master:
                 self.log_file.close()
+                self.lock.close()
             if self.ddp:
                 dist.destroy_process_group()
         if self.master:
@@ -521,6 +561,7 @@ class Trainer:
 
 def main(argv):
     cfg, given = parse_args(DEFAULTS, argv, types=TYPES, prog='train.py', doc=__doc__.split('\n\n')[1])
+    check_config(cfg)  # as given, before resume_settings reads out_dir; and once more merged with the checkpoint's
     checkpoint, cfg = resume_settings(cfg, given)
     check_config(cfg)
     Trainer(cfg, checkpoint).train()

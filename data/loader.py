@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from configurator import UserError
-from data.shards import open_shard, read_header, shard_paths
+from data.shards import check_vocab, open_shard, shard_info, shard_paths
 
 DATA_DIR = os.path.dirname(os.path.abspath(__file__))  # the repo's data/, where prepare scripts write by default
 TRAIN_STREAM, VAL_STREAM = 0, 1  # keep the training and validation generators apart
@@ -47,9 +47,16 @@ class DatasetNotPrepared(UserError):
 class _Split:
     """The shards of one split and where the windows of length T+1 can start in each."""
 
-    def __init__(self, paths, window):
+    def __init__(self, paths, window, vocab_size):
         self.paths = paths
-        self.n_tokens = np.array([read_header(p) for p in paths], dtype=np.int64)  # validates every header
+        info = [shard_info(p) for p in paths]  # validates every header
+        self.n_tokens = np.array([n for n, _ in info], dtype=np.int64)
+        # a token id outside the vocabulary would fail deep inside the model (or decode to garbage when sampling): our
+        # shards record their largest id, checked here; a shard without it is checked when it is first read
+        for path, (_, id_bound) in zip(paths, info):
+            check_vocab(path, id_bound, vocab_size)
+        self.unchecked = {s for s, (_, id_bound) in enumerate(info) if id_bound == 0}
+        self.vocab_size = vocab_size
         self.n_windows = np.maximum(self.n_tokens - window + 1, 0)  # starts 0 .. n - window
         self.first_window = np.concatenate([[0], np.cumsum(self.n_windows)[:-1]])
         self.total_windows = int(self.n_windows.sum())
@@ -63,10 +70,28 @@ class _Split:
         out = np.empty((n, self.window), dtype=np.uint16)
         for s in np.unique(shard):
             tokens = open_shard(self.paths[s], int(self.n_tokens[s]))
+            if s in self.unchecked:
+                check_vocab(self.paths[s], int(tokens.max()) + 1 if len(tokens) else 0, self.vocab_size)
+                self.unchecked.discard(s)
             for i in np.flatnonzero(shard == s):
                 out[i] = tokens[start[i]:start[i] + self.window]
             del tokens
         return out
+
+
+def read_meta(path):
+    """A dataset's meta.json, checked: a JSON object whose vocab_size is a positive int (training sizes the model
+    with it and sampling decodes with it)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError):  # ValueError: not JSON, or not UTF-8 (UnicodeDecodeError)
+        meta = None
+    vocab_size = meta.get("vocab_size") if isinstance(meta, dict) else None
+    if type(vocab_size) is not int or vocab_size < 1:
+        raise UserError(f"{path} is damaged (it must be a JSON object with an integer vocab_size); prepare the "
+                        f"dataset again.")
+    return meta
 
 
 def _to_xy(windows):
@@ -90,10 +115,9 @@ class DataLoader:
             if os.path.abspath(self.dir) != os.path.join(DATA_DIR, dataset):
                 command += f" --out_dir={self.dir}"
             raise DatasetNotPrepared(f"dataset {dataset} is not prepared in {self.dir}; run `{command}` first.")
-        with open(meta_path, encoding="utf-8") as f:
-            self.meta = json.load(f)
-        self.train = _Split(train_paths, block_size + 1)
-        self.val = _Split(val_paths, block_size + 1)
+        self.meta = read_meta(meta_path)
+        self.train = _Split(train_paths, block_size + 1, self.vocab_size)
+        self.val = _Split(val_paths, block_size + 1, self.vocab_size)
         for name, split in (("train", self.train), ("val", self.val)):
             if split.total_windows == 0:
                 raise UserError(f"no {name} shard of dataset {dataset} holds block_size + 1 = {block_size + 1} tokens; "

@@ -1,5 +1,7 @@
 """The token shard format, as in modded-nanogpt: a 256 x int32 little-endian header [20240520, 1, n_tokens, 0, ...]
-followed by n_tokens little-endian uint16 tokens.
+followed by n_tokens little-endian uint16 tokens. Our shards also record 1 + their largest token id in header[3]
+(a spare field that other tools, modded-nanogpt's FineWeb shards among them, leave at 0 = not recorded), so the
+loader can check a shard against its dataset's vocabulary without reading its tokens.
 
 Why a header: a shard cut short by a full disk or an interrupted copy has the wrong size for the count it announces,
 and a file that is not a shard at all has the wrong magic; both are caught when the shard is opened, with one
@@ -32,7 +34,7 @@ def write_shard(path, tokens):
     if tokens.size and (tokens.min() < 0 or tokens.max() >= 1 << 16):
         raise ValueError(f"token ids must fit in uint16 to be written to {path}")
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:3] = MAGIC, VERSION, len(tokens)
+    header[:4] = MAGIC, VERSION, len(tokens), int(tokens.max()) + 1 if tokens.size else 0
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(header.tobytes())
@@ -42,6 +44,12 @@ def write_shard(path, tokens):
 
 def read_header(path):
     """Validates a shard's header against its file size; returns its token count."""
+    return shard_info(path)[0]
+
+
+def shard_info(path):
+    """Validates a shard's header against its file size; returns (token count, 1 + largest token id or 0 if the
+    header does not record it)."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
@@ -61,7 +69,15 @@ def read_header(path):
     if n_tokens < 0 or size != expected:
         raise ShardError(f"{path} is truncated or damaged: its header announces {n_tokens} tokens ({expected} bytes) "
                          f"but the file has {size} bytes; {fix}")
-    return n_tokens
+    return n_tokens, max(int(header[3]), 0)
+
+
+def check_vocab(path, id_bound, vocab_size):
+    """A ShardError naming the shard if it holds a token id >= vocab_size (id_bound = 1 + its largest id)."""
+    if id_bound > vocab_size:
+        raise ShardError(f"{path} holds token id {id_bound - 1}, outside its dataset's vocabulary of {vocab_size} "
+                         f"(meta.json); the shards and meta.json come from different preparations, so prepare the "
+                         f"dataset again.")
 
 
 def open_shard(path, n_tokens=None):

@@ -1,0 +1,299 @@
+"""Hostile and careless inputs: the promise that a user mistake gets one sentence on stderr and exit status 2, a run
+that must stop gets exit status 3 and keeps its last good checkpoint, and nothing already written is lost.
+
+The matrix runs each case in this process through configurator.run_cli (no interpreter start per case) and checks
+the exit status, exactly one message line on stderr, no traceback, and every file that existed before the command
+(shards, meta.json, ckpt.pt, log.jsonl, the config file) byte-identical afterwards. Cases that need a second
+process (the run-directory lock, kill -9, two compare.py) run train.py / compare.py as subprocesses."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import sample  # noqa: E402
+import train  # noqa: E402
+from configurator import run_cli  # noqa: E402
+from data.loader import DataLoader  # noqa: E402
+from data.shards import HEADER_BYTES, shard_info, write_shard  # noqa: E402
+
+TINY = ['--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
+        '--block_size=32', '--batch_size=4', '--eval_iters=2', '--warmup_iters=0']
+DIVERGING = ['--ffn=polyrelu', '--learning_rate=100', '--grad_clip=0', '--max_iters=40', '--eval_interval=1']
+
+
+@pytest.fixture(scope='module')
+def world(shakespeare_char_dir, tmp_path_factory):
+    """A private copy of shakespeare_char (cases damage their own copies of it) and one finished 2-iteration run."""
+    root = tmp_path_factory.mktemp('hostile')
+    data = root / 'data'
+    shutil.copytree(os.path.join(shakespeare_char_dir, 'shakespeare_char'), data / 'shakespeare_char')
+    run = root / 'run'
+    run_cli(train.main, TINY + [f'--data_dir={data}', f'--out_dir={run}', '--max_iters=2', '--eval_interval=2'])
+    return SimpleNamespace(root=root, data=str(data), run=str(run))
+
+
+def files(*dirs):
+    """path -> bytes of every file under dirs."""
+    out = {}
+    for d in dirs:
+        for base, _, names in os.walk(d):
+            for n in names:
+                with open(os.path.join(base, n), 'rb') as f:
+                    out[os.path.join(base, n)] = f.read()
+    return out
+
+
+def message_lines(err):
+    """stderr's lines, without progress-bar redraws (tqdm's 'desc: 40%|####  | 4/10 [...]')."""
+    return [l for l in err.replace('\r', '\n').splitlines() if l.strip() and '%|' not in l]
+
+
+def call(main, argv, capsys):
+    """(exit status, stderr) of main run as its CLI runs it."""
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, argv)
+    return e.value.code, capsys.readouterr().err
+
+
+def data_copy(w, tmp):
+    """A copy of the dataset under tmp, for a case that damages it: (data_dir, dataset dir)."""
+    shutil.copytree(os.path.join(w.data, 'shakespeare_char'), tmp / 'data' / 'shakespeare_char')
+    return str(tmp / 'data'), tmp / 'data' / 'shakespeare_char'
+
+
+def with_meta(content):
+    def make(w, tmp):
+        data, d = data_copy(w, tmp)
+        (d / 'meta.json').write_bytes(content)
+        return [f'--data_dir={data}']
+    return make
+
+
+def with_shard(name, tokens, recorded):
+    """The dataset with shard `name` replaced by tokens; recorded=False zeroes the header's largest-id field, as a
+    shard written by another tool has it."""
+    def make(w, tmp):
+        data, d = data_copy(w, tmp)
+        write_shard(str(d / name), tokens)
+        if not recorded:
+            with open(d / name, 'r+b') as f:
+                f.seek(12)
+                f.write(b'\0\0\0\0')
+        return [f'--data_dir={data}']
+    return make
+
+
+def config_file(content):
+    def make(w, tmp):
+        (tmp / 'c.py').write_bytes(content)
+        return [str(tmp / 'c.py')]
+    return make
+
+
+def a_file_as_out_dir(w, tmp):
+    (tmp / 'f').write_text('not a directory\n')
+    return [f'--out_dir={tmp / "f"}']
+
+
+def read_only_out_dir(w, tmp):
+    if os.geteuid() == 0:  # root writes through file permissions; /sys refuses new entries even to root
+        return ['--out_dir=/sys/nanoffn-hostile-test/run']
+    (tmp / 'ro').mkdir()
+    os.chmod(tmp / 'ro', 0o555)
+    return [f'--out_dir={tmp / "ro" / "run"}']
+
+
+def foreign_checkpoint(w, tmp):
+    torch.save({'weights': torch.zeros(3)}, tmp / 'ckpt.pt')
+    return ['--init_from=resume', f'--out_dir={tmp}']
+
+
+def nonfinite_checkpoint(resume):
+    def make(w, tmp):
+        ckpt = torch.load(os.path.join(w.run, 'ckpt.pt'), weights_only=True)
+        next(iter(ckpt['model'].values())).view(-1)[0] = float('nan')
+        torch.save(ckpt, tmp / 'ckpt.pt')
+        return ['--init_from=resume', f'--out_dir={tmp}'] if resume else [f'--out_dir={tmp}', '--device=cpu']
+    return make
+
+
+def args(*a):
+    return lambda w, tmp: list(a)
+
+
+# (case, script, extra arguments (a function of the world and the case's tmp_path), exit status, words in the line)
+CASES = [
+    # the user errors that were handled before
+    ('unknown key', train, args('--n_layrs=3'), 2, ["'n_layrs'", 'n_layer']),
+    ('wrong type', train, args('--n_layer=abc'), 2, ['--n_layer expects an int']),
+    ('unknown ffn', train, args('--ffn=swigloo'), 2, ["'swigloo'"]),
+    ('missing dataset', train, lambda w, tmp: [f'--data_dir={tmp}'], 2, ['prepare.py']),
+    ('resume without checkpoint', train, lambda w, tmp: ['--init_from=resume', f'--out_dir={tmp}'], 2, ['ckpt.pt']),
+    ('scratch over an existing run', train, lambda w, tmp: [f'--out_dir={w.run}'], 2, ['init_from=resume', 'overwrite']),
+    # settings
+    ('empty out_dir', train, args('--out_dir='), 2, ['--out_dir is empty']),
+    ('out_dir is a file', train, a_file_as_out_dir, 2, ['is a file']),
+    ('read-only out_dir', train, read_only_out_dir, 2, ['cannot write in --out_dir']),
+    ('negative learning_rate', train, args('--learning_rate=-0.01'), 2, ['--learning_rate', '>= 0']),
+    ('nan learning_rate in a config file', train, config_file(b"learning_rate = float('nan')\n"), 2,
+     ['--learning_rate', 'nan']),
+    ('beta1 above 1', train, args('--beta1=1.5'), 2, ['--beta1', '[0, 1)']),
+    ('beta2 of 1', train, args('--beta2=1'), 2, ['--beta2', '[0, 1)']),
+    ('negative seed', train, args('--seed=-1'), 2, ['--seed must be >= 0']),
+    ('negative ffn_mult', train, args('--ffn_mult=-1'), 2, ['ffn_mult=-1.0 must be positive']),
+    ('zero ffn_mult', train, args('--ffn_mult=0'), 2, ['ffn_mult=0.0 must be positive']),
+    ('odd head size with RoPE', train, args('--n_embd=6', '--n_head=2'), 2, ['RoPE needs an even head size', '= 3']),
+    # config files
+    ('config file not UTF-8', train, config_file(b'n_layer = 2  # caf\xe9\n'), 2, ['not UTF-8']),
+    ('config file calls sys.exit', train, config_file(b"import sys\nsys.exit('use config/owt.py on a GPU')\n"), 2,
+     ['called sys.exit', 'use config/owt.py on a GPU']),
+    ('config file calls sys.exit(1)', train, config_file(b"import sys\nsys.exit(1)\n"), 2, ['exit status 1']),
+    # damaged meta.json
+    ('meta.json not JSON', train, with_meta(b'{"vocab_size": 84,'), 2, ['meta.json is damaged', 'prepare']),
+    ('meta.json random bytes', train, with_meta(bytes(np.random.default_rng(0).integers(0, 256, 64, np.uint8))), 2,
+     ['meta.json is damaged']),
+    ('meta.json empty', train, with_meta(b''), 2, ['meta.json is damaged']),
+    ('meta.json {}', train, with_meta(b'{}'), 2, ['meta.json is damaged']),
+    ('meta.json vocab_size a string', train, with_meta(b'{"vocab_size": "84", "tokenizer": "char"}'), 2,
+     ['meta.json is damaged']),
+    # data that does not match its tokenizer (GPT-2 ids next to the char vocabulary of 84)
+    ('shard beyond the vocabulary', train, with_shard('val_000.bin', [1, 2, 50256] * 100, True), 2,
+     ['val_000.bin holds token id 50256', 'vocabulary of 84']),
+    ('foreign shard beyond the vocabulary', train, with_shard('train_000.bin', [1, 2, 50256] * 100, False), 2,
+     ['train_000.bin holds token id 50256']),
+    # checkpoints
+    ('resume from a torch file that is not a checkpoint', train, foreign_checkpoint, 2, ['not a train.py checkpoint']),
+    ('resume from a non-finite checkpoint', train, nonfinite_checkpoint(True), 2, ['non-finite weights']),
+    ('sample a non-finite checkpoint', sample, nonfinite_checkpoint(False), 2, ['non-finite weights']),
+    # a run that must stop
+    ('diverging run', train, lambda w, tmp: DIVERGING + [f'--out_dir={tmp / "run"}'], 3,
+     ['weights became non-finite', 'last good checkpoint']),
+]
+
+
+@pytest.mark.parametrize('case,script,extra,code,words', CASES, ids=[c[0] for c in CASES])
+def test_hostile_input(case, script, extra, code, words, world, tmp_path, capsys):
+    base = [] if script is sample else TINY + [f'--data_dir={world.data}', f'--out_dir={tmp_path / "out"}',
+                                                '--max_iters=2']
+    argv = base + extra(world, tmp_path)
+    before = files(world.root, tmp_path)
+    got, err = call(script.main, argv, capsys)
+    lines = message_lines(err)
+    assert got == code, err
+    assert 'Traceback' not in err
+    assert len(lines) == 1, err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    after = files(world.root, tmp_path)
+    assert {p: after.get(p) for p in before} == before  # every file that was there is untouched
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# what is left after the cases above
+
+
+def test_divergence_leaves_a_finite_checkpoint_that_loads_and_resumes(world, tmp_path, capsys):
+    """With learning_rate=100 PolyReLU's weights overflow: the run stops before a checkpoint holds them. The last
+    checkpoint is finite, samples, and resumes exactly (the same step diverges again, and it is kept again)."""
+    from common import load_checkpoint
+    out = tmp_path / 'run'
+    code, err = call(train.main, TINY + DIVERGING + [f'--data_dir={world.data}', f'--out_dir={out}'], capsys)
+    assert code == 3, err
+    stopped_at = int(message_lines(err)[0].split('at iteration ')[1].split()[0])
+    ckpt = load_checkpoint(str(out), '')
+    assert ckpt['iter_num'] == stopped_at - 1  # eval_interval=1: the iteration before the broken update
+    assert np.isfinite(ckpt['val_loss']) and all(v.isfinite().all() for v in ckpt['model'].values())
+    run_cli(sample.main, [f'--out_dir={out}', '--device=cpu', '--num_samples=1', '--max_new_tokens=5'])
+    capsys.readouterr()
+    saved = (out / 'ckpt.pt').read_bytes()
+    code, err = call(train.main, [f'--out_dir={out}', '--init_from=resume'], capsys)
+    assert code == 3 and f'at iteration {stopped_at} ' in message_lines(err)[0], err
+    assert (out / 'ckpt.pt').read_bytes() == saved
+
+
+def test_resume_keeps_intact_log_lines_around_a_damaged_one(world, tmp_path, capsys):
+    out = tmp_path / 'run'
+    common = TINY + [f'--data_dir={world.data}', f'--out_dir={out}', '--eval_interval=10', '--log_interval=5']
+    run_cli(train.main, common + ['--max_iters=20'])
+    lines = (out / 'log.jsonl').read_text().splitlines(keepends=True)
+    assert [json.loads(l)['iter'] for l in lines] == [0, 5, 10, 15, 20]
+    lines[2] = lines[2][:40] + '\n'  # iteration 10 torn in the middle of the file
+    (out / 'log.jsonl').write_text(''.join(lines))
+    capsys.readouterr()
+    run_cli(train.main, [f'--out_dir={out}', '--init_from=resume', '--max_iters=30'])
+    err = capsys.readouterr().err
+    iters = [json.loads(l)['iter'] for l in (out / 'log.jsonl').read_text().splitlines()]
+    assert iters == [0, 5, 15, 20, 25, 30]
+    assert (out / 'log.jsonl.damaged').read_text() == lines[2]
+    assert 'warning: 1 damaged line' in err and 'log.jsonl.damaged' in err
+
+
+def test_a_run_directory_has_one_owner(world, tmp_path, capsys):
+    """A second train.py on a folder in use is refused naming the first's PID; after kill -9 of the first, the folder is
+    taken over by a resume with no manual cleanup."""
+    out = tmp_path / 'run'
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    first = subprocess.Popen([sys.executable, 'train.py', *TINY, f'--data_dir={world.data}', f'--out_dir={out}',
+                              '--max_iters=1000000', '--eval_interval=2'], cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (out / 'ckpt.pt').exists():
+            assert first.poll() is None and time.time() < deadline, 'the first run did not start'
+            time.sleep(0.2)
+        for extra in (['--init_from=resume'], TINY + [f'--data_dir={world.data}', '--overwrite=True']):
+            code, err = call(train.main, [f'--out_dir={out}'] + extra, capsys)
+            assert code == 2 and len(message_lines(err)) == 1 and f'PID {first.pid}' in err, err
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    it = torch.load(out / 'ckpt.pt', weights_only=True)['iter_num']
+    run_cli(train.main, [f'--out_dir={out}', '--init_from=resume', f'--max_iters={it + 2}'])
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == it + 2
+
+
+def test_two_compares_on_one_out_dir_train_each_run_once(world, tmp_path):
+    """Started together, two compare.py share the runs through their directories' locks: each run is trained by one
+    of them (its train.out holds one train.py command), and both finish with the full summary."""
+    cmd = [sys.executable, 'compare.py', '--variants=relu,gelu', '--seeds=1', '--max_iters=4', '--eval_interval=2',
+           *TINY, f'--data_dir={world.data}', f'--out_dir={tmp_path}']
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    for variant in ('relu', 'gelu'):
+        commands = [l for l in (tmp_path / variant / 'seed1337' / 'train.out').read_text().splitlines()
+                    if l.startswith('$ ')]
+        assert len(commands) == 1, (variant, outputs)
+
+
+def test_shards_record_their_largest_token_id_and_foreign_shards_still_load(tmp_path):
+    """Our shards carry 1 + the largest id in header[3]; a shard with zeros there (modded-nanogpt's FineWeb) loads and
+    is checked when first read."""
+    write_shard(str(tmp_path / 'a.bin'), [3, 7, 2])
+    assert shard_info(str(tmp_path / 'a.bin')) == (3, 8)
+    d = tmp_path / 'ds'
+    d.mkdir()
+    (d / 'meta.json').write_text('{"vocab_size": 10, "tokenizer": "char", "itos": "abcdefghij"}')
+    for name in ('train_000.bin', 'val_000.bin'):
+        write_shard(str(d / name), np.arange(100) % 10)
+        with open(d / name, 'r+b') as f:
+            f.seek(12)
+            f.write(b'\0\0\0\0')
+        assert shard_info(str(d / name)) == (100, 0)
+    loader = DataLoader('ds', block_size=8, batch_size=2, seed=0, data_dir=str(tmp_path))
+    x, _ = loader.next_batch()
+    assert int(x.max()) < 10 and not loader.train.unchecked
+    assert os.path.getsize(d / 'train_000.bin') == HEADER_BYTES + 200
