@@ -53,6 +53,9 @@ def main(argv):
     model.eval().to(device)
 
     tok = get_tokenizer(meta)  # raises a UserError if the start text has characters outside a char vocabulary
+    # a model trained with --vocab_size above its tokenizer's has ids that decode to nothing; the loader keeps them out
+    # of the training data, so they are never sampled either
+    model.config.vocab_size = min(model.config.vocab_size, tok.vocab_size)
     start = cfg['start']
     if start.startswith('FILE:'):
         path = start[len('FILE:'):]

@@ -100,7 +100,7 @@ def test_shard_write_read_round_trip(tmp_path):
     assert os.listdir(tmp_path) == ["train_000.bin"]  # the temporary file was renamed
     assert os.path.getsize(path) == HEADER_BYTES + 2 * len(tokens)
     header = np.fromfile(path, dtype="<i4", count=256)
-    assert list(header[:3]) == [20240520, 1, 15] and not header[3:].any()
+    assert list(header[:4]) == [20240520, 1, 15, 65536] and not header[4:].any()  # [3]: 1 + the largest id
     assert read_header(path) == 15
     back = read_shard(path)
     assert back.dtype == np.uint16 and back.tolist() == tokens.tolist()

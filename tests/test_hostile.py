@@ -222,6 +222,18 @@ def test_divergence_leaves_a_finite_checkpoint_that_loads_and_resumes(world, tmp
     assert (out / 'ckpt.pt').read_bytes() == saved
 
 
+def test_sample_never_emits_ids_outside_the_tokenizer(world, tmp_path, capsys):
+    """A model trained with --vocab_size=256 over the 84-character vocabulary: after 2 iterations the 172 extra ids are
+    nearly as likely as real ones, yet 300 sampled tokens all decode."""
+    out = tmp_path / 'run'
+    run_cli(train.main, TINY + [f'--data_dir={world.data}', f'--out_dir={out}', '--max_iters=2', '--vocab_size=256'])
+    capsys.readouterr()
+    run_cli(sample.main, [f'--out_dir={out}', '--device=cpu', '--num_samples=1', '--max_new_tokens=300',
+                          '--temperature=1.0', '--top_k=0'])
+    text = capsys.readouterr().out.split(sample.SEPARATOR)[0]
+    assert len(text) == 1 + 300 + 1  # the prompt, 300 characters, the newline print adds
+
+
 def test_resume_keeps_intact_log_lines_around_a_damaged_one(world, tmp_path, capsys):
     out = tmp_path / 'run'
     common = TINY + [f'--data_dir={world.data}', f'--out_dir={out}', '--eval_interval=10', '--log_interval=5']
