@@ -18,10 +18,17 @@ Semantics worth knowing:
 - log.jsonl has one JSON object per logged iteration; `iter` counts optimizer steps completed. A line with
   `val_loss` is an evaluation line (its `val_hash` identifies the validation windows); the checkpoint written at
   iteration k comes after line k, and a resumed run drops any line past the checkpoint's iteration before
-  appending, so the file never holds a step twice.
+  appending, so the file never holds a step twice. A damaged line is moved to log.jsonl.damaged (with a warning),
+  never dropped with the intact lines around it.
 - init_from=resume takes the settings saved in out_dir/ckpt.pt and applies only what you pass explicitly on top;
   model keys and the data stream (dataset, batch_size, block_size, seed, number of processes) cannot change.
 - A scratch run refuses to overwrite an out_dir that already holds a checkpoint (pass --overwrite=True).
+- One run per out_dir: a run locks out_dir/.lock (holding its PID and host) before it writes anything there, and a
+  second train.py on the same out_dir is refused, naming that PID. The kernel drops the lock when the process dies
+  (kill -9 too), so a crashed run's folder is taken over without cleanup. On a network filesystem the lock may only
+  exclude processes of the same machine.
+- A run stops (exit status 3) when a training loss, the weights or the validation loss become non-finite; a
+  checkpoint is only written from finite weights with a finite validation loss, so the last one is always usable.
 - Debug hook: the environment variable NANOFFN_NAN_AT=k makes the loss of iteration k NaN (the k-th optimizer
   step, numbered as log.jsonl numbers them), to exercise the non-finite-loss stop. It has no other effect.
 """

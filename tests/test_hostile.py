@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import sample  # noqa: E402
+from activations import VARIANTS  # noqa: E402
 import train  # noqa: E402
 from configurator import run_cli  # noqa: E402
 from data.loader import DataLoader  # noqa: E402
@@ -137,7 +138,7 @@ CASES = [
     # the user errors that were handled before
     ('unknown key', train, args('--n_layrs=3'), 2, ["'n_layrs'", 'n_layer']),
     ('wrong type', train, args('--n_layer=abc'), 2, ['--n_layer expects an int']),
-    ('unknown ffn', train, args('--ffn=swigloo'), 2, ["'swigloo'"]),
+    ('unknown ffn', train, args('--ffn=swigloo'), 2, ["'swigloo'", *VARIANTS]),
     ('missing dataset', train, lambda w, tmp: [f'--data_dir={tmp}'], 2, ['prepare.py']),
     ('resume without checkpoint', train, lambda w, tmp: ['--init_from=resume', f'--out_dir={tmp}'], 2, ['ckpt.pt']),
     ('scratch over an existing run', train, lambda w, tmp: [f'--out_dir={w.run}'], 2, ['init_from=resume', 'overwrite']),
@@ -174,6 +175,7 @@ CASES = [
      ['train_000.bin holds token id 50256']),
     # checkpoints
     ('resume from a torch file that is not a checkpoint', train, foreign_checkpoint, 2, ['not a train.py checkpoint']),
+    ('sample without checkpoint', sample, lambda w, tmp: [f'--out_dir={tmp}'], 2, ['ckpt.pt', 'train']),
     ('resume from a non-finite checkpoint', train, nonfinite_checkpoint(True), 2, ['non-finite weights']),
     ('sample a non-finite checkpoint', sample, nonfinite_checkpoint(False), 2, ['non-finite weights']),
     # a run that must stop
