@@ -217,8 +217,9 @@ def read_json(path):
 
 
 def write_json(path, obj):
-    """Write a JSON file atomically (a temporary file renamed over it)."""
-    tmp = path + '.tmp'
+    """Write a JSON file atomically (a temporary file renamed over it; named by process, as two compare.py sharing an
+    out_dir may write the same summary at once)."""
+    tmp = f'{path}.tmp{os.getpid()}'
     with open(tmp, 'w') as f:
         json.dump(obj, f, indent=1)
         f.write('\n')

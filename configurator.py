@@ -158,7 +158,7 @@ def parse_args(defaults, argv, types=None, prog='train.py', doc=''):
             try:
                 exec(compile(source, arg, 'exec'), scope)
             except SystemExit as e:  # the file stopped the command on purpose: its message is the sentence
-                said = e.code if isinstance(e.code, str) else f'exit status {e.code}'
+                said = e.code if isinstance(e.code, str) else f'exit status {e.code or 0}'
                 raise UserError(f"config file '{arg}' called sys.exit ({said}), so nothing was run.") from None
             except Exception as e:  # a broken config file is the user's to fix, report it in one line
                 raise UserError(f"config file '{arg}' failed to run ({type(e).__name__}: {e}); fix the file.") from None
