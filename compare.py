@@ -24,9 +24,11 @@ its directory).
 Writes into out_dir: loss.png (validation loss against tokens and against training time, mean over seeds with a
 min-max band, and the smoothed training loss), summary.json and summary.md (per variant: parameters, final validation
 loss mean ± std over seeds, the paired difference to the baseline with its std over seeds and a paired t-test,
-tokens/s, training time, and what learnable activations learned, from the last evaluation's `act` record); and
-prints the table.
-All numbers come from the runs' own log.jsonl files, so the same runs always give the same summary.
+tokens/s, training time, and what learnable activations learned, from the last evaluation's `act` record); acts.png
+and acts.json (one row per variant, its first seed: the learned activation functions over the pre-activations they
+see, against their init, and how far each moved; see inspect_run.py); and prints the table.
+All numbers come from the runs' own log.jsonl files (acts.png: their checkpoints), so the same runs always give the
+same summary.
 """
 import os
 import signal
@@ -36,6 +38,7 @@ import time
 
 from tqdm import tqdm
 
+import inspect_run
 import report
 import train
 from activations import check_variant
@@ -332,15 +335,18 @@ def main(argv):
     pbar.close()
 
     summary, by_variant = report.summarize(cfg, variants, seeds, baseline, runs, statuses)
+    report.plot(os.path.join(cfg['out_dir'], 'loss.png'), summary, by_variant, cfg)
+    # what each variant's activation became (its first seed): acts.png, and how far it moved, for summary.md
+    first_seed = {v: next(r['dir'] for r in runs if r['variant'] == v) for v in variants}
+    summary['acts'] = inspect_run.compare(cfg['out_dir'], first_seed, cfg['data_dir'])
     write_json(os.path.join(cfg['out_dir'], 'summary.json'), summary)
     report.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), summary, cfg)
-    report.plot(os.path.join(cfg['out_dir'], 'loss.png'), summary, by_variant, cfg)
     print()
     print(report.table(summary))
     if summary['seed_std'] is not None:
         print(f"seed std of the final val loss {summary['seed_std']:.4f}, of the paired differences "
               f"{report.fmt_loss(summary['paired_diff_std'])}")
-    print(f"wrote {cfg['out_dir']}/summary.md, summary.json, loss.png ({time.time() - t0:.0f} s)")
+    print(f"wrote {cfg['out_dir']}/summary.md, summary.json, loss.png, acts.png ({time.time() - t0:.0f} s)")
 
 
 if __name__ == '__main__':

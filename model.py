@@ -446,6 +446,12 @@ class GPT(nn.Module):
         itself on that layer's FFN inputs (PolyCom coefficients [a_0..a_r], LA/MoA α, MoA's gate mean and
         cross-token std, xIELU's α_p, α_n; see `learned` in activations.py), and an MoE adds its expert load.
         Returns {'layers': [dict per layer]}, JSON-able; a fixed activation's layers are empty dicts."""
+        return {"layers": [block.ffn.learned(x) for block, x in zip(self.transformer.h, self.ffn_inputs(idx))]}
+
+    @torch.no_grad()
+    def ffn_inputs(self, idx):
+        """Every block's FFN input x (after the block's norm), (B, T, d) per layer, from one eager no-grad pass over
+        idx in eval mode: forward pre-hooks on block.ffn catch them without touching the forward code."""
         ffn_inputs = []
         hooks = [block.ffn.register_forward_pre_hook(lambda module, args: ffn_inputs.append(args[0]))
                  for block in self.transformer.h]
@@ -457,7 +463,7 @@ class GPT(nn.Module):
             self.train(was_training)
             for hook in hooks:
                 hook.remove()
-        return {"layers": [block.ffn.learned(x) for block, x in zip(self.transformer.h, ffn_inputs)]}
+        return ffn_inputs
 
     # ------------------------------------------------------------------------------------------------------------------
     # training and sampling

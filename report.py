@@ -242,6 +242,41 @@ def learned_section(summary):
     return lines
 
 
+def fmt_moved(branch):
+    rel = f" ({branch['moved'] / branch['init_rms']:.0%})" if branch['init_rms'] > 0 else ''
+    return f"{branch['moved']:.3f}{rel}"
+
+
+def acts_section(summary):
+    """acts.png, and per learnable variant and layer how far the function moved from its init (inspect_run.py)."""
+    acts = {v: a for v, a in (summary.get('acts') or {}).items() if a is not None}
+    if not acts:
+        return []
+    n_layer = max(len(a['layers']) for a in acts.values())
+    rows = []
+    for v, a in acts.items():
+        cells = []
+        for layer in a['layers']:
+            moved = {name: b for name, b in layer.items() if b['learnable']}
+            names = {'act': 'gate ' if 'act_up' in layer else '', 'act_up': 'up '}
+            cells.append('; '.join(names[n] + fmt_moved(b) for n, b in moved.items()))
+        if any(cells):
+            rows.append(f"| {v} | " + ' | '.join(cells) + ' |')
+    lines = ['## What the activation functions became', '',
+             "![learned activation functions](acts.png)", '',
+             "acts.png: per variant (its first seed), per layer, the learned function φ(h) (solid; the median and the "
+             "10-90% band over tokens where φ depends on the token: PolyNorm, MoA) against the function it started "
+             "from (dashed), over the histogram of the layer's pre-activations h on the first validation batch "
+             "(python inspect_run.py --out_dir=RUN draws every panel of one run, into the run's directory).", '']
+    if rows:
+        lines += ["Moved from init, per layer: sqrt(Σ_b w_b (φ_learned(h_b) − φ_init(h_b))²) over the bins b of that "
+                  "histogram, w_b the bin's share of the mass (φ the median over tokens where it depends on the "
+                  "token); in brackets, relative to the init function's rms over the same mass. 0 = unchanged.", '',
+                  '| variant | ' + ' | '.join(f'layer {i}' for i in range(n_layer)) + ' |',
+                  '|---|' + '---:|' * n_layer] + rows + ['']
+    return lines
+
+
 def write_markdown(path, summary, cfg):
     s0 = next(iter(summary['variants'].values()))
     tokens = s0['tokens']
@@ -281,6 +316,7 @@ def write_markdown(path, summary, cfg):
                   'c_k(x) = α_k·gate_k(x): its mean and its std across the tokens of the first validation batch (how '
                   'token-adaptive the mixture became); MoE: expert load (max/mean, entropy) on that batch.', ''] + learned
     lines += ['![loss curves](loss.png)', '']
+    lines += acts_section(summary)
     with open(path, 'w') as f:
         f.write('\n'.join(lines))
 

@@ -1,0 +1,417 @@
+"""
+What each activation became: the learned functions of one run, drawn over the inputs they actually see.
+
+    python inspect_run.py --out_dir=out-pn                       # any train.py run directory (ckpt.pt, log.jsonl)
+    python inspect_run.py --out_dir=out-compare/la/seed1337      # one run of a comparison
+    python inspect_run.py --out_dir=RUN --data_dir=/elsewhere    # the dataset was moved since the run trained
+
+Writes RUN/acts.png, one row per layer, and the numbers behind every panel in RUN/acts.json:
+  1. the learned function φ(h) over the range where the layer's pre-activations h fall (0.5th-99.5th percentile),
+     a histogram of those h behind it and the function the run started from dashed; the median over tokens with a
+     10-90% band where φ depends on the token (PolyNorm, MoA); both branches of a gated (GLU) variant;
+  2. the coefficients over training (LA/MoA α_k, PolyCom a_0..a_r, xIELU α_p, α_n), from the evaluation lines of
+     log.jsonl (absent from logs written before they were logged: the other panels need only the checkpoint);
+  3. MoA: the distribution over tokens of each coefficient c_k(x), and the entropy of the normalised mixture
+     |c_k| / Σ|c_k| per token: low and spread out when the mixture specialises per token, one value (LA) if not;
+  4. MoE: the expert load over training (max/mean, entropy) and how many validation tokens each expert receives.
+compare.py calls `compare` to draw one row per variant for a whole comparison.
+
+Definitions:
+- The fixed batch: the run's first validation batch, DataLoader(...).val_batches(1)[0] with the run's dataset,
+  block_size, batch_size and data_dir: the tokens every evaluation of every run on the dataset starts with.
+- Pre-activations: each block's FFN input x (GPT.ffn_inputs), then h = W_up x (mlp), g = W_gate x and u = W_up x (glu).
+  In an MoE layer one row per (token, chosen expert) pair, h = x W_up[e]: exactly the rows the experts' activation
+  sees (PolyNorm normalises each such row), so the histogram and the bands are over pairs.
+- The learned function on a grid of h (the histogram's bin centres). Token-independent φ (fixed, LA, xIELU,
+  PolyReLU): the module's own forward, φ(grid). PolyNorm / PolyReLUNorm (Zhuo et al. 2025) normalise per token
+  over the hidden dimension, so token t has its own curve
+        φ_t(grid) = a_0 + Σ_{i=1..r} a_i · b(grid)^i · s_{i,t},   s_{i,t} = rsqrt(mean_j b(h_{t,j})^{2i} + 1e-6),
+  b = identity (PolyNorm) or relu (PolyReLUNorm). MoA: φ_t(grid) = Σ_k c_k(x_t) φ_k(grid), the module's forward with
+  token t's coefficients. Drawn: the median over tokens and the 10-90% band.
+- The init function: the activation exactly as the run's config builds it before training (model.make_activations:
+  e.g. GELU for la with la_init=onehot), evaluated the same way on the same tokens (PolyNorm: the same s_{i,t} with the
+  initial coefficients; MoA: c = α_init for every token, since its gate logits start at zero).
+- Moved from init, per layer and branch: sqrt(Σ_b w_b (φ_learned(h_b) − φ_init(h_b))²) over the bins b of the
+  histogram, w_b the bin's share of the counted h, φ the median over tokens where it depends on the token. 0 at init
+  by construction; `init_rms` = sqrt(Σ_b w_b φ_init(h_b)²) gives it a scale.
+"""
+import math
+import os
+import textwrap
+
+import numpy as np
+import torch
+
+from common import load_checkpoint, model_state, read_log, resolve_device, write_json
+from configurator import UserError, parse_args, run_cli
+from model import GPT, GPTConfig, MoE, make_activations
+from activations import Poly
+
+DEFAULTS = dict(
+    out_dir='out',  # the run directory: ckpt.pt, log.jsonl; acts.png and acts.json are written there
+    data_dir='',  # where the run's dataset is prepared; '' = the data_dir the run was trained with
+    bins=100,  # histogram bins over the 0.5-99.5% range of h; their centres are the grid φ is evaluated on
+    device='cpu',  # the one forward pass is small; 'auto' picks a GPU
+)
+RANGE = (0.5, 99.5)  # percentiles of h that set the drawn range
+BAND = (10, 50, 90)  # percentiles over tokens: band low, median, band high
+BRANCH_LABELS = {'act': 'φ', 'act_up': 'φ_up (up branch)'}
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the fixed batch and the pre-activations
+
+
+def load_run(out_dir, data_dir='', device='cpu'):
+    """(checkpoint, trained GPT in eval mode, the fixed batch's token ids)."""
+    from data.loader import DataLoader
+    ckpt = load_checkpoint(out_dir, "point --out_dir at a train.py run directory.")
+    model = GPT(GPTConfig(**ckpt['model_args']))
+    model.load_state_dict(model_state(ckpt['model']))
+    cfg = ckpt['config']
+    loader = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],
+                        data_dir=data_dir or cfg['data_dir'])
+    return ckpt, model.to(device).eval(), loader.val_batches(1)[0][0].to(device)
+
+
+def branch_rows(ffn, x):
+    """The rows each activation of this layer is applied to: ({'act': h or g, 'act_up': u}, FFN input per row,
+    tokens per expert or None). Dense: one row per token. MoE: one row per (token, chosen expert) pair."""
+    x = x.reshape(-1, x.shape[-1])
+    glu = ffn.act_up is not None
+    if isinstance(ffn, MoE):
+        _, _, experts, _ = ffn.route(x)
+        pairs = [(experts == e).any(-1).nonzero().squeeze(1) for e in range(ffn.n_expert)]  # tokens of expert e
+        project = lambda w: torch.cat([x[t] @ w[e] for e, t in enumerate(pairs)])
+        rows_x, usage = x[torch.cat(pairs)], [len(t) for t in pairs]
+    else:
+        project = lambda linear: linear(x)
+        rows_x, usage = x, None
+    rows = {'act': project(ffn.w_gate if glu else ffn.w_up)}
+    if glu:
+        rows['act_up'] = project(ffn.w_up)
+    return rows, rows_x, usage
+
+
+def phi_curves(act, grid, h, x):
+    """φ on the grid: one row per row of h where φ depends on the token (PolyNorm, PolyReLUNorm, MoA), else one row.
+    The formulas are in the module docstring."""
+    if isinstance(act, Poly) and act.use_norm:
+        base = torch.relu if act.use_relu else (lambda v: v)
+        b, a = base(h), act.coeffs
+        y = a[0].expand(len(h), len(grid))
+        for i in range(1, len(a)):
+            s = torch.rsqrt(b.pow(2 * i).mean(-1, keepdim=True) + act.eps)
+            y = y + a[i] * base(grid) ** i * s
+        return y
+    coefs = act.token_coefs(x)
+    if coefs is None:
+        return act(grid[None], None)
+    return act(grid.expand(len(coefs), -1), coefs)
+
+
+def learnable(act):
+    return any(True for _ in act.parameters())
+
+
+@torch.no_grad()
+def branch_report(act, init_act, h, x, bins):
+    """The function panel's numbers for one branch of one layer (see the definitions above)."""
+    hv = h.double().flatten().cpu().numpy()
+    lo, hi = np.percentile(hv, RANGE)
+    hi = max(hi, lo + 1e-6)
+    edges = np.linspace(lo, hi, bins + 1)
+    counts = np.histogram(hv, edges)[0]
+    grid = torch.tensor((edges[:-1] + edges[1:]) / 2, dtype=h.dtype, device=h.device)
+    learned = phi_curves(act, grid, h, x).double().cpu().numpy()
+    init = phi_curves(init_act.to(h.device), grid, h, x).double().cpu().numpy()
+    low, median, high = np.percentile(learned, BAND, axis=0)
+    init_median = np.percentile(init, 50, axis=0)
+    w = counts / max(counts.sum(), 1)
+    token_dependent = len(learned) > 1
+    return {
+        'kind': repr(act), 'learnable': learnable(act), 'token_dependent': token_dependent,
+        'grid': grid.tolist(), 'edges': edges.tolist(), 'counts': counts.tolist(),
+        'median': median.tolist(), 'band': [low.tolist(), high.tolist()] if token_dependent else None,
+        'init': init_median.tolist(),
+        'moved': math.sqrt(float((w * (median - init_median) ** 2).sum())),
+        'init_rms': math.sqrt(float((w * init_median ** 2).sum())),
+    }
+
+
+@torch.no_grad()
+def gate_report(act, x):
+    """MoA: quantiles over tokens of each c_k(x), and the entropy of the normalised mixture p_k = |c_k| / Σ_l |c_l|
+    per token (nats; log K = uniform). `entropy_of_mean`: the entropy of the mean |c|, what one shared α gives."""
+    c = act.token_coefs(x).double()
+    p = c.abs() / c.abs().sum(-1, keepdim=True).clamp_min(1e-12)
+    entropy = -(p * p.clamp_min(1e-12).log()).sum(-1).cpu().numpy()
+    pm = c.abs().mean(0) / c.abs().mean(0).sum().clamp_min(1e-12)
+    quantiles = np.percentile(c.cpu().numpy(), [5, 25, 50, 75, 95], axis=0)
+    edges = np.linspace(0.0, math.log(len(act.names)), 31)
+    return {'names': list(act.names), 'quantiles': quantiles.T.tolist(), 'mean': c.mean(0).tolist(),
+            'std': c.std(0).tolist(), 'entropy_mean': float(entropy.mean()), 'entropy_std': float(entropy.std()),
+            'entropy_edges': edges.tolist(), 'entropy_counts': np.histogram(entropy, edges)[0].tolist(),
+            'entropy_of_mean': float(-(pm * pm.clamp_min(1e-12).log()).sum())}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# over training, from the log
+
+
+def series_of(key, value, names):
+    """A logged learned quantity as (label, number) pairs. LA/MoA α come as {entry: value}, or as a list in logs
+    written before they were named (then labelled by the dictionary, when it matches); PolyCom as [a_0..a_r]."""
+    branch, name = ('up ', key[3:]) if key.startswith('up_') else ('', key)
+    if isinstance(value, dict):
+        return [(f'{branch}{name} {k}', v) for k, v in value.items()]
+    if isinstance(value, list):
+        labels = (names if len(names) == len(value) and name != 'poly' else
+                  [f'a{i}' if name == 'poly' else str(i) for i in range(len(value))])
+        return [(f'{branch}{name} {k}', v) for k, v in zip(labels, value)]
+    return [(f'{branch}{name}', value)]
+
+
+def history(log, model):
+    """Per layer, the learned coefficients and the MoE expert load at each evaluation that logged them (the `act`
+    record of log.jsonl lines). MoA's per-token gate statistics are left to the gate panel."""
+    evals = [r for r in log if r.get('act') and r['act'].get('layers')]
+    out = {'iters': [r['iter'] for r in evals], 'layers': []}
+    for i, block in enumerate(model.transformer.h):
+        names = list(getattr(block.ffn.act, 'names', []))
+        coefs, moe = {}, {}
+        for j, r in enumerate(evals):
+            layer = r['act']['layers'][i] if i < len(r['act']['layers']) else {}
+            for key, value in layer.items():
+                if key.endswith(('gate_mean', 'gate_std')):
+                    continue
+                target = moe if key.startswith('moe_') else coefs
+                for label, v in series_of(key, value, names):
+                    target.setdefault(label, [None] * len(evals))[j] = v
+        out['layers'].append({'coefs': coefs, 'moe': moe})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# one run
+
+
+def inspect(out_dir, data_dir='', bins=100, device='cpu'):
+    """The numbers behind a run's acts.png (the content of acts.json)."""
+    if bins < 2:
+        raise UserError(f"--bins must be at least 2, got {bins}.")
+    ckpt, model, idx = load_run(out_dir, data_dir, device)
+    init_acts = make_activations(model.config)
+    layers = []
+    with torch.no_grad():
+        for block, x in zip(model.transformer.h, model.ffn_inputs(idx)):
+            ffn = block.ffn
+            rows, x_rows, usage = branch_rows(ffn, x)
+            layer = {'moe': usage is not None, 'branches': {}, 'gates': {}}
+            for (name, h), init_act in zip(rows.items(), init_acts):
+                act = getattr(ffn, name)
+                layer['branches'][name] = branch_report(act, init_act, h, x_rows, bins)
+                if hasattr(act, 'mix_logits'):
+                    layer['gates'][name] = gate_report(act, x_rows)
+            if usage is not None:
+                layer['expert_tokens'] = usage
+            layers.append(layer)
+    cfg = ckpt['config']
+    return {'run': out_dir, 'ffn': model.config.ffn, 'iter': ckpt['iter_num'], 'n_layer': model.config.n_layer,
+            'batch': {'dataset': cfg['dataset'], 'batch_size': cfg['batch_size'], 'block_size': cfg['block_size'],
+                      'tokens': idx.numel()},
+            'layers': layers, 'history': history(read_log(os.path.join(out_dir, 'log.jsonl')), model)}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# drawing
+
+
+def draw_function(ax, branch, color='C0', label='learned', hist=True):
+    """φ learned (median, band) over the histogram of h, the init dashed."""
+    grid = branch['grid']
+    if hist:
+        ax2 = ax.twinx()
+        width = branch['edges'][1] - branch['edges'][0]
+        ax2.bar(grid, branch['counts'], width=width, color='0.85', linewidth=0)
+        ax2.set_yticks([])
+        ax.set_zorder(ax2.get_zorder() + 1)  # the curves above the histogram
+        ax.patch.set_visible(False)
+    ax.plot(grid, branch['init'], color=color, linestyle='--', linewidth=1, alpha=0.7)
+    ax.plot(grid, branch['median'], color=color, label=label)
+    if branch['band']:
+        ax.fill_between(grid, *branch['band'], color=color, alpha=0.25, linewidth=0)
+    ax.grid(alpha=0.3)
+
+
+def function_title(name, branch):
+    what = BRANCH_LABELS[name] + (' (median, 10-90% over tokens)' if branch['token_dependent'] else '')
+    moved = f"moved from init {branch['moved']:.3g}" if branch['learnable'] else 'fixed'
+    return f"{what}\n{moved}"
+
+
+def panels(report):
+    """The columns of a run's figure: the function panels, then whatever the run has to show."""
+    layers, hist = report['layers'], report['history']['layers']
+    cols = list(layers[0]['branches'])
+    if any(h['coefs'] for h in hist):
+        cols.append('coefs')
+    if any(l['gates'] for l in layers):
+        cols += ['gates', 'entropy']
+    if any(h['moe'] for h in hist):
+        cols.append('moe_load')
+    if any('expert_tokens' in l for l in layers):
+        cols.append('experts')
+    return cols
+
+
+def draw_gates(ax, gates, entropy):
+    """MoA: box per c_k (5-25-50-75-95% over tokens), or the histogram of the per-token mixture entropy."""
+    for j, (name, g) in enumerate(gates.items()):
+        prefix = 'up ' if name == 'act_up' else ''
+        if entropy:
+            ax.stairs(g['entropy_counts'], g['entropy_edges'], label=f"{prefix}per token", color=f'C{j}')
+            ax.axvline(g['entropy_of_mean'], color=f'C{j}', linestyle=':', label=f'{prefix}entropy of mean |c|')
+            continue
+        offset = j * (len(g['names']) + 1)
+        stats = [dict(whislo=q[0], q1=q[1], med=q[2], q3=q[3], whishi=q[4], label=prefix + n)
+                 for n, q in zip(g['names'], g['quantiles'])]
+        ax.bxp(stats, positions=[offset + k for k in range(len(stats))], showfliers=False)
+        ax.tick_params(axis='x', labelrotation=60, labelsize=7)
+    if entropy:
+        ax.set(xlabel='entropy of |c|/Σ|c| (nats)')
+        ax.legend(fontsize=6)
+    else:
+        ax.axhline(0, color='0.6', linewidth=0.5)
+    ax.grid(alpha=0.3)
+
+
+def draw_series(ax, series, iters):
+    for j, (label, values) in enumerate(series.items()):
+        pts = [(i, v) for i, v in zip(iters, values) if v is not None]
+        ax.plot(*zip(*pts), marker='.', label=label, color=f'C{j % 10}',
+                linestyle='--' if label.startswith('up ') else '-')
+    ax.set(xlabel='iteration')
+    ax.legend(fontsize=6, ncol=2 if len(series) > 6 else 1)
+    ax.grid(alpha=0.3)
+
+
+def draw(path, report):
+    """A run's acts.png: one row per layer, the columns of `panels`."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    cols = panels(report)
+    n = report['n_layer']
+    fig, axes = plt.subplots(n, len(cols), figsize=(4.3 * len(cols), 3.0 * n), squeeze=False)
+    titles = {'coefs': 'coefficients over training', 'gates': 'MoA c_k(x) over tokens',
+              'entropy': 'MoA mixture entropy per token', 'moe_load': 'expert load over training',
+              'experts': 'validation tokens per expert'}
+    for i, layer in enumerate(report['layers']):
+        hist = report['history']['layers'][i]
+        for ax, col in zip(axes[i], cols):
+            if col in layer['branches']:
+                branch = layer['branches'][col]
+                draw_function(ax, branch)
+                ax.set_title(f"layer {i}: {function_title(col, branch)}", fontsize=9)
+                ax.set_xlabel('h (pre-activation)')
+                continue
+            ax.set_title(f'layer {i}: {titles[col]}', fontsize=9)
+            if col in ('coefs', 'moe_load') and hist['coefs' if col == 'coefs' else 'moe']:
+                draw_series(ax, hist['coefs' if col == 'coefs' else 'moe'], report['history']['iters'])
+            elif col in ('gates', 'entropy') and layer['gates']:
+                draw_gates(ax, layer['gates'], col == 'entropy')
+            elif col == 'experts' and 'expert_tokens' in layer:
+                ax.bar(range(len(layer['expert_tokens'])), layer['expert_tokens'], color='C2')
+                ax.set(xlabel='expert', ylabel='tokens')
+            else:
+                ax.set_axis_off()
+    fig.suptitle(textwrap.fill(f"{report['ffn']} at iteration {report['iter']} ({report['run']}): learned φ solid, "
+                               f"init dashed, histogram of h on the first validation batch "
+                               f"({report['batch']['tokens']:,} tokens) behind", int(4.3 * len(cols) * 14)),
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write(out_dir, report):
+    write_json(os.path.join(out_dir, 'acts.json'), report)
+    draw(os.path.join(out_dir, 'acts.png'), report)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a comparison: one row per variant
+
+
+def compare(out_dir, run_dirs, data_dir=''):
+    """For compare.py: inspects each variant's run (run_dirs: {variant: its first seed's directory}), writing that
+    run's acts.png/acts.json, and draws out_dir/acts.png: one row per variant, one column per layer, the learned φ
+    (gate branch for GLU; the up branch too where it is learned) on the same axes per layer. Returns, per variant,
+    the moved-from-init numbers per layer and branch (None for a run without a checkpoint)."""
+    reports = {}
+    for v, d in run_dirs.items():
+        try:
+            reports[v] = inspect(d, data_dir)
+        except UserError:  # a run that never wrote a checkpoint: nothing to draw
+            reports[v] = None
+            continue
+        write(d, reports[v])
+    drawn = {v: r for v, r in reports.items() if r is not None}
+    if drawn:
+        draw_comparison(os.path.join(out_dir, 'acts.png'), drawn)
+        write_json(os.path.join(out_dir, 'acts.json'), {'variants': drawn})
+    return {v: None if r is None else {'run': r['run'], 'layers': [
+        {name: {k: b[k] for k in ('moved', 'init_rms', 'learnable')} for name, b in l['branches'].items()}
+        for l in r['layers']]} for v, r in reports.items()}
+
+
+def draw_comparison(path, reports):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    n_layer = max(r['n_layer'] for r in reports.values())
+    width = max(4.5 * n_layer, 8)
+    fig, axes = plt.subplots(len(reports), n_layer, figsize=(width, 2.6 * len(reports) + 0.6), squeeze=False,
+                             sharex='col')  # y not shared: PolyNorm's normalised powers live on another scale
+    for row, (v, r) in zip(axes, reports.items()):
+        for i, ax in enumerate(row):
+            if i >= r['n_layer']:
+                ax.set_axis_off()
+                continue
+            branches = r['layers'][i]['branches']
+            draw_function(ax, branches['act'], label='φ_gate' if 'act_up' in branches else 'φ')
+            up = branches.get('act_up')
+            if up is not None and up['learnable']:
+                draw_function(ax, up, color='C1', label='φ_up', hist=False)
+                ax.legend(fontsize=7, loc='upper left')
+            names = {'act': 'gate ' if 'act_up' in branches else '', 'act_up': 'up '}
+            moved = ', '.join(f"{names[n]}{b['moved']:.3g}" for n, b in branches.items() if b['learnable'])
+            ax.set_title(f"{v}, layer {i}" + (f": moved {moved}" if moved else ' (fixed)'), fontsize=10)
+        row[0].set_ylabel(v)
+    for ax in axes[-1]:
+        ax.set_xlabel('h (pre-activation)')
+    first = next(iter(reports.values()))
+    fig.suptitle(textwrap.fill(f"learned φ at iteration {first['iter']} (solid; median and 10-90% band over tokens "
+                               f"where it depends on the token), init dashed, histogram of h on the first validation "
+                               f"batch behind; the first seed of each variant; moved: distance from init over the "
+                               f"histogram's mass", int(width * 14)), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv):
+    cfg, _ = parse_args(DEFAULTS, argv, prog='inspect_run.py', doc=__doc__.split('\n\n')[1])
+    report = inspect(cfg['out_dir'], cfg['data_dir'], cfg['bins'], resolve_device(cfg['device']))
+    write(cfg['out_dir'], report)
+    for i, layer in enumerate(report['layers']):
+        moved = ', '.join(f"{BRANCH_LABELS[n]} {b['moved']:.4f} (init rms {b['init_rms']:.3f})"
+                          for n, b in layer['branches'].items() if b['learnable'])
+        print(f"layer {i}: moved from init: {moved or '– (fixed activation)'}")
+    print(f"wrote {cfg['out_dir']}/acts.png and acts.json")
+
+
+if __name__ == '__main__':
+    run_cli(main)
