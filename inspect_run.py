@@ -42,10 +42,10 @@ import textwrap
 import numpy as np
 import torch
 
+from activations import MoA, Poly
 from common import load_checkpoint, model_state, read_log, resolve_device, write_json
 from configurator import UserError, parse_args, run_cli
 from model import GPT, GPTConfig, MoE, make_activations
-from activations import Poly
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory: ckpt.pt, log.jsonl; acts.png and acts.json are written there
@@ -207,10 +207,10 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu'):
             ffn = block.ffn
             rows, x_rows, usage = branch_rows(ffn, x)
             layer = {'moe': usage is not None, 'branches': {}, 'gates': {}}
-            for (name, h), init_act in zip(rows.items(), init_acts):
+            for (name, h), init_act in zip(rows.items(), init_acts):  # (act, act_up): act_up only for glu
                 act = getattr(ffn, name)
                 layer['branches'][name] = branch_report(act, init_act, h, x_rows, bins)
-                if hasattr(act, 'mix_logits'):
+                if isinstance(act, MoA):
                     layer['gates'][name] = gate_report(act, x_rows)
             if usage is not None:
                 layer['expert_tokens'] = usage
@@ -353,7 +353,8 @@ def compare(out_dir, run_dirs, data_dir=''):
     for v, d in run_dirs.items():
         try:
             reports[v] = inspect(d, data_dir)
-        except UserError:  # a run that never wrote a checkpoint: nothing to draw
+        except UserError as e:  # a run that never wrote a checkpoint (or whose data moved): no row for it
+            print(f"compare: no acts.png row for {v}: {e}")
             reports[v] = None
             continue
         write(d, reports[v])

@@ -1,0 +1,216 @@
+"""Tests of inspect_run.py: the drawn curves are the model's own (LA through its module, PolyNorm's per-token median
+recomputed here with numpy), the histograms count the fixed batch's pre-activations, "moved from init" is exactly 0
+before training and positive after, compare.py draws one row per variant, and old logs still inspect.
+One tiny comparison (gelu, la, polynorm x 2 seeds, 4 iterations) is trained once for the module."""
+import contextlib
+import io
+import json
+import os
+import shutil
+import sys
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import compare
+import inspect_run
+from common import save_checkpoint
+from configurator import run_cli
+from data.loader import DataLoader
+from model import GPT, GPTConfig
+
+VARIANTS = ['gelu', 'la', 'polynorm']
+TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
+        '--lr_decay_iters=4', '--warmup_iters=1', '--learning_rate=1e-2', '--eval_interval=2', '--eval_iters=1',
+        '--log_interval=1', '--device=cpu', '--compile=False', '--dtype=float32']
+
+
+@pytest.fixture(scope='module')
+def compared(shakespeare_char_dir, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp('inspect') / 'cmp')
+    with contextlib.redirect_stdout(io.StringIO()):
+        compare.main([f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', f'--variants={",".join(VARIANTS)}',
+                      '--seeds=2', '--jobs=2', '--threads=1', *TINY])
+    return out
+
+
+def acts(run_dir):
+    with open(os.path.join(run_dir, 'acts.json')) as f:
+        return json.load(f)
+
+
+def load(run_dir):
+    """The run's model and its first validation batch, read here without inspect_run."""
+    ckpt = torch.load(os.path.join(run_dir, 'ckpt.pt'), weights_only=True)
+    model = GPT(GPTConfig(**ckpt['model_args']))
+    model.load_state_dict(ckpt['model'])
+    cfg = ckpt['config']
+    idx = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], 0, data_dir=cfg['data_dir']).val_batches(1)[0][0]
+    return model.eval(), idx
+
+
+def preactivations(model, idx):
+    """h = W_up x per layer, x caught by this test's own hook on the FFN's forward."""
+    xs = []
+    hooks = [b.ffn.register_forward_hook(lambda m, args, out: xs.append(args[0])) for b in model.transformer.h]
+    with torch.no_grad():
+        model(idx)
+        hs = [b.ffn.w_up(x.reshape(-1, x.shape[-1])) for b, x in zip(model.transformer.h, xs)]
+    for h in hooks:
+        h.remove()
+    return hs
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the curves are the model's own
+
+
+def test_la_curve_is_the_module_forward(compared):
+    run = os.path.join(compared, 'la', 'seed1337')
+    model, _ = load(run)
+    for block, layer in zip(model.transformer.h, acts(run)['layers']):
+        b = layer['branches']['act']
+        grid = torch.tensor(b['grid'], dtype=torch.float32)
+        with torch.no_grad():
+            assert block.ffn.act(grid).double().tolist() == b['median']  # exactly: the module's own forward
+        assert b['band'] is None and not b['token_dependent']
+        # la_init=onehot starts LA as GELU: the init curve is GELU itself
+        np.testing.assert_allclose(b['init'], torch.nn.functional.gelu(grid).double().numpy(), rtol=0, atol=1e-7)
+        alpha = block.ffn.act.alpha.detach()
+        assert not torch.equal(alpha, torch.nn.functional.one_hot(torch.tensor(3), 6).float())  # it trained
+
+
+def test_polynorm_median_recomputed(compared):
+    """φ_t(g) = a_0 + Σ_i a_i g^i / sqrt(mean_j h_tj^(2i) + 1e-6) per token t, then the median and 10/90% over t."""
+    run = os.path.join(compared, 'polynorm', 'seed1337')
+    model, idx = load(run)
+    for block, h, layer in zip(model.transformer.h, preactivations(model, idx), acts(run)['layers']):
+        b = layer['branches']['act']
+        a = block.ffn.act.coeffs.detach().double().numpy()
+        g, hd = np.array(b['grid']), h.double().numpy()
+        curves = a[0] + sum(a[i] * g[None, :] ** i / np.sqrt((hd ** (2 * i)).mean(1, keepdims=True) + 1e-6)
+                            for i in range(1, len(a)))
+        assert curves.shape == (idx.numel(), len(g))
+        np.testing.assert_allclose(b['median'], np.median(curves, axis=0), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(b['band'], np.percentile(curves, [10, 90], axis=0), rtol=1e-5, atol=1e-6)
+        init = 0 + sum(g[None, :] ** i / 3 / np.sqrt((hd ** (2 * i)).mean(1, keepdims=True) + 1e-6) for i in (1, 2, 3))
+        np.testing.assert_allclose(b['init'], np.median(init, axis=0), rtol=1e-5, atol=1e-6)
+
+
+def test_histogram_counts_the_batch(compared):
+    for v in VARIANTS:
+        run = os.path.join(compared, v, 'seed1337')
+        model, idx = load(run)
+        for h, layer in zip(preactivations(model, idx), acts(run)['layers']):
+            b = layer['branches']['act']
+            hv = h.double().numpy().ravel()
+            assert b['counts'] == np.histogram(hv, np.array(b['edges']))[0].tolist()
+            inside = ((hv >= b['edges'][0]) & (hv <= b['edges'][-1])).mean()
+            assert 0.985 <= inside <= 0.995  # the 0.5-99.5 percentile range
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# moved from init
+
+
+def untrained_run(run_dir, data_dir, **model_args):
+    """A checkpoint at iteration 0, as train.py writes it: the freshly initialised GPT."""
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=65, **model_args)
+    os.makedirs(run_dir)
+    save_checkpoint({'model': GPT(config).state_dict(), 'model_args': asdict(config), 'iter_num': 0,
+                     'config': {'dataset': 'shakespeare_char', 'block_size': 32, 'batch_size': 4, 'seed': 1,
+                                'data_dir': data_dir}}, run_dir)
+    return run_dir
+
+
+@pytest.mark.parametrize('model_args', [dict(ffn='la', la_init='mean'), dict(ffn='polynorm'), dict(ffn='moa_glu'),
+                                        dict(ffn='xielu'), dict(ffn='moa', n_expert=4, top_k=2)])
+def test_moved_is_zero_at_init(shakespeare_char_dir, tmp_path, model_args):
+    report = inspect_run.inspect(untrained_run(str(tmp_path / 'run'), shakespeare_char_dir, **model_args))
+    for layer in report['layers']:
+        for b in layer['branches'].values():
+            assert b['moved'] == 0.0 and b['median'] == b['init'] and b['learnable']
+        if model_args.get('n_expert'):  # MoE: one row per (token, chosen expert) pair
+            assert sum(layer['expert_tokens']) == 4 * 32 * 2
+            assert sum(layer['branches']['act']['counts']) <= 4 * 32 * 2 * GPTConfig(**model_args).moe_hidden
+        if 'moa' in model_args['ffn']:  # MoA starts as LA: c_k(x) = α_k for every token
+            assert all(s == 0.0 for g in layer['gates'].values() for s in g['std'])
+
+
+def test_moved_after_training(compared):
+    summary = json.load(open(os.path.join(compared, 'summary.json')))
+    for v in ('la', 'polynorm'):
+        report = acts(os.path.join(compared, v, 'seed1337'))
+        moved = [layer['branches']['act']['moved'] for layer in report['layers']]
+        assert all(m > 0 for m in moved)
+        assert [layer['act']['moved'] for layer in summary['acts'][v]['layers']] == moved
+    assert not any(layer['act']['learnable'] for layer in summary['acts']['gelu']['layers'])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the comparison's picture and summary
+
+
+def test_compare_draws_one_row_per_variant(compared):
+    with open(os.path.join(compared, 'acts.png'), 'rb') as f:
+        png = f.read()
+    assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 20_000
+    rows = acts(compared)['variants']
+    assert list(rows) == VARIANTS
+    assert all(r['run'] == os.path.join(compared, v, 'seed1337') for v, r in rows.items())  # the first seed
+    md = open(os.path.join(compared, 'summary.md')).read()
+    assert '![learned activation functions](acts.png)' in md
+    table = {line.split('|')[1].strip(): line for line in md.splitlines() if line.startswith('| ')}
+    for v in ('la', 'polynorm'):
+        moved = rows[v]['layers'][0]['branches']['act']['moved']
+        assert f'{moved:.3f}' in table[v].split('|')[2]
+    assert 'gelu' not in [line.split('|')[1].strip() for line in md.split('## What the activation functions')[1]
+                          .splitlines() if line.startswith('| ')]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# old logs and mistakes
+
+
+def rewrite_log(run_dir, change):
+    path = os.path.join(run_dir, 'log.jsonl')
+    records = [json.loads(line) for line in open(path)]
+    with open(path, 'w') as f:
+        for r in records:
+            f.write(json.dumps(change(r)) + '\n')
+    return records
+
+
+def test_old_logs_still_inspect(compared, tmp_path):
+    run = str(tmp_path / 'old')
+    shutil.copytree(os.path.join(compared, 'la', 'seed1337'), run)
+    # act with list-valued α (logs written before the dictionary entries were named)
+    listed = lambda r: {**r, 'act': {'layers': [{'alpha': list(l['alpha'].values())} for l in r['act']['layers']]}} \
+        if 'act' in r else r
+    records = rewrite_log(run, listed)
+    with contextlib.redirect_stdout(io.StringIO()):
+        inspect_run.main([f'--out_dir={run}'])
+    hist = acts(run)['history']
+    evals = [r for r in records if 'act' in r]
+    assert hist['iters'] == [r['iter'] for r in evals] and len(evals) == 3
+    assert hist['layers'][0]['coefs']['alpha gelu'] == [r['act']['layers'][0]['alpha']['gelu'] for r in evals]
+    # no act at all: the functions still come from the checkpoint
+    rewrite_log(run, lambda r: {k: v for k, v in r.items() if k != 'act'})
+    os.remove(os.path.join(run, 'acts.png'))
+    with contextlib.redirect_stdout(io.StringIO()):
+        inspect_run.main([f'--out_dir={run}'])
+    report = acts(run)
+    assert report['history']['iters'] == [] and report['layers'][0]['branches']['act']['learnable']
+    assert os.path.getsize(os.path.join(run, 'acts.png')) > 10_000
+
+
+def test_missing_checkpoint_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        run_cli(inspect_run.main, [f'--out_dir={tmp_path}'])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and 'no checkpoint' in err[0] and '--out_dir' in err[0]
