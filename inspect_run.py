@@ -303,7 +303,8 @@ def draw(path, report):
 
     cols = panels(report)
     n = report['n_layer']
-    fig, axes = plt.subplots(n, len(cols), figsize=(4.3 * len(cols), 3.0 * n), squeeze=False)
+    fig, axes = plt.subplots(n, len(cols), figsize=(4.3 * len(cols), 3.0 * n + 0.6), squeeze=False,
+                             layout='constrained')  # constrained: room for the titles and the suptitle
     titles = {'coefs': 'coefficients over training', 'gates': 'MoA c_k(x) over tokens',
               'entropy': 'MoA mixture entropy per token', 'moe_load': 'expert load over training',
               'experts': 'validation tokens per expert'}
@@ -330,7 +331,6 @@ def draw(path, report):
                                f"init dashed, histogram of h on the first validation batch "
                                f"({report['batch']['tokens']:,} tokens) behind", int(4.3 * len(cols) * 14)),
                  fontsize=10)
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -375,7 +375,7 @@ def draw_comparison(path, reports):
     n_layer = max(r['n_layer'] for r in reports.values())
     width = max(4.5 * n_layer, 8)
     fig, axes = plt.subplots(len(reports), n_layer, figsize=(width, 2.6 * len(reports) + 0.6), squeeze=False,
-                             sharex='col')  # y not shared: PolyNorm's normalised powers live on another scale
+                             sharex='col', layout='constrained')  # y not shared: PolyNorm's powers are normalised
     for row, (v, r) in zip(axes, reports.items()):
         for i, ax in enumerate(row):
             if i >= r['n_layer']:
@@ -398,7 +398,6 @@ def draw_comparison(path, reports):
                                f"where it depends on the token), init dashed, histogram of h on the first validation "
                                f"batch behind; the first seed of each variant; moved: distance from init over the "
                                f"histogram's mass", int(width * 14)), fontsize=10)
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
