@@ -252,16 +252,16 @@ def acts_section(summary):
     acts = {v: a for v, a in (summary.get('acts') or {}).items() if a is not None}
     if not acts:
         return []
-    n_layer = max(len(a['layers']) for a in acts.values())
     rows = []
     for v, a in acts.items():
         cells = []
-        for layer in a['layers']:
+        for i, layer in enumerate(a['layers']):
             moved = {name: b for name, b in layer.items() if b['learnable']}
             names = {'act': 'gate ' if 'act_up' in layer else '', 'act_up': 'up '}
-            cells.append('; '.join(names[n] + fmt_moved(b) for n, b in moved.items()))
-        if any(cells):
-            rows.append(f"| {v} | " + ' | '.join(cells) + ' |')
+            if moved:
+                cells.append(f'layer {i} ' + ', '.join(names[n] + fmt_moved(b) for n, b in moved.items()))
+        if cells:
+            rows.append(f"- **{v}**: " + '; '.join(cells))
     lines = ['## What the activation functions became', '',
              "![learned activation functions](acts.png)", '',
              "acts.png: per variant (its first seed), per layer, the learned function φ(h) (solid; the median and the "
@@ -271,9 +271,8 @@ def acts_section(summary):
     if rows:
         lines += ["Moved from init, per layer: sqrt(Σ_b w_b (φ_learned(h_b) − φ_init(h_b))²) over the bins b of that "
                   "histogram, w_b the bin's share of the mass (φ the median over tokens where it depends on the "
-                  "token); in brackets, relative to the init function's rms over the same mass. 0 = unchanged.", '',
-                  '| variant | ' + ' | '.join(f'layer {i}' for i in range(n_layer)) + ' |',
-                  '|---|' + '---:|' * n_layer] + rows + ['']
+                  "token); in brackets, relative to the init function's rms over the same mass. 0 = unchanged.", '']
+        lines += rows + ['']
     return lines
 
 
