@@ -10,12 +10,10 @@ import math
 import os
 import statistics
 
+import stats
 import train
 from common import checkpoint_field, read_log, read_json
 
-# two-sided 95% critical values of Student's t for 1..10 degrees of freedom (then ~2): is a paired difference
-# resolved by n seeds?
-T_CRIT = [12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23]
 # the settings that shape a comparison, shown in its summary whether chosen or left at train.py's defaults
 SHOWN_KEYS = ('dataset', 'n_layer', 'n_head', 'n_embd', 'block_size', 'batch_size', 'gradient_accumulation_steps',
               'max_iters', 'learning_rate', 'schedule', 'warmup_iters', 'min_lr', 'eval_interval', 'eval_iters',
@@ -73,32 +71,32 @@ def mean_std(values):
             'min': min(values), 'max': max(values), 'n': len(values)}
 
 
-def paired(diffs):
-    """mean_std of the per-seed differences, plus a paired t statistic and whether it is resolved at 95%
-    (|t| above Student's critical value for n-1 degrees of freedom; never with one seed)."""
-    d = mean_std(diffs)
-    if d is None:
-        return None
-    d['t'], d['resolved'] = None, False
-    if d['n'] > 1 and d['std'] > 0:
-        d['t'] = d['mean'] / (d['std'] / math.sqrt(d['n']))
-        d['resolved'] = abs(d['t']) > (T_CRIT[d['n'] - 2] if d['n'] - 2 < len(T_CRIT) else 2.0)
-    return d
-
-
-def param_report(run_dir, args, data_dir, dataset):
-    """model.param_report() of the run's model: its model_args from the checkpoint (read lazily), else rebuilt from
-    the run's settings, built on the meta device (no memory, no init time)."""
+def meta_model(run_dir, args, data_dir, dataset):
+    """The run's model, built on the meta device (no memory, no init time): its model_args from the checkpoint (read
+    lazily), else rebuilt from the run's settings (run_dir None: a run not started yet)."""
     import torch
     from model import GPT, GPTConfig
-    model_args = checkpoint_field(run_dir, 'model_args')
+    model_args = checkpoint_field(run_dir, 'model_args') if run_dir else None
     if model_args is None:
         model_args = {k: args[k] for k in train.MODEL_KEYS}
         if not model_args['vocab_size']:
             meta = read_json(os.path.join(data_dir, dataset, 'meta.json')) or {}
             model_args['vocab_size'] = meta.get('vocab_size', 0)
     with torch.device('meta'):
-        return GPT(GPTConfig(**model_args)).param_report()
+        return GPT(GPTConfig(**model_args))
+
+
+def scale_counts(model):
+    """The sizes a scaling ladder is drawn against. N = non-embedding parameters: all of them less the token embedding
+    (tied with the output head) and any position embedding (Kaplan et al. 2020); an MoE's total N and its active N
+    (top_k of n_expert experts per token). flops_per_token: the model's own count, the one model.estimate_mfu uses
+    (PaLM, Chowdhery et al. 2022, appendix B): 6·N' + 12·L·H·Q·T for a forward and backward pass, N' the active
+    parameters less the position embedding (the tied token embedding stays: it is the output head's matmul)."""
+    p, c = model.param_report(), model.config
+    wpe = model.transformer.wpe.weight.numel() if model.transformer.wpe is not None else 0
+    attention = 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * c.block_size
+    return {'non_embedding': p['total'] - p['embedding'], 'non_embedding_active': p['active'] - p['embedding'],
+            'flops_per_token': 6 * (p['active'] - wpe) + attention}
 
 
 def mean_over_seeds(values):
@@ -137,14 +135,15 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses):
     for v in variants:
         ms = by_variant[v]
         run0 = next(r for r in runs if r['variant'] == v)
-        params = param_report(run0['dir'], {**full, 'ffn': v}, cfg['data_dir'], cfg['dataset'])
+        model = meta_model(run0['dir'], {**full, 'ffn': v}, cfg['data_dir'], cfg['dataset'])
         diffs = [m['final_val_loss'] - base_vals[m['seed']] for m in ms
                  if m['final_val_loss'] is not None and base_vals.get(m['seed']) is not None]
         out['variants'][v] = {
-            'params': params,
+            'params': model.param_report(),
+            'scale': scale_counts(model),
             'status': 'done' if all(m['status'] == 'done' for m in ms) else 'stopped',
             'final_val_loss': mean_std([m['final_val_loss'] for m in ms]),
-            'diff_to_baseline': paired(diffs) if v != baseline else None,
+            'diff_to_baseline': stats.paired(diffs) if v != baseline else None,
             'tok_s': statistics.fmean(m['tok_s'] for m in ms if m['tok_s']) if any(m['tok_s'] for m in ms) else None,
             'train_time_s': statistics.fmean(m['train_time_s'] for m in ms),
             'tokens': max(m['tokens'] for m in ms),
@@ -166,7 +165,41 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses):
         out.setdefault('same_batches', {})[str(s)] = len(hashes) <= 1
     val_hashes = {m['val_hash'] for v in variants for m in by_variant[v]}
     out['same_val_windows'] = (len(val_hashes) == 1) if None not in val_hashes else None
+    for v in variants:
+        out['variants'][v]['matched'] = matched(by_variant[v], by_variant[baseline], out['variants'][v]['scale'],
+                                                out['variants'][baseline]['scale']) if v != baseline else None
     return out, by_variant
+
+
+def matched(runs, base_runs, scale, base_scale):
+    """Compute- and time-matched verdicts of a variant against the baseline, seed by seed (same batches): the tokens,
+    FLOPs and seconds of training the variant needs to reach the baseline's final validation loss (linearly
+    interpolated on its evaluation curve; None = not reached), as ratios to what the baseline spent, and the loss the
+    variant had reached when the baseline's training time ran out (the paired difference to the baseline's final
+    loss). A variant that is slower per step must win by more than it costs to win on time."""
+    base = {m['seed']: m for m in base_runs if m['status'] == 'done' and m['curve']['val']}
+    ratios = {'tokens': [], 'flops': [], 'seconds': []}
+    at_budget, reached, n = [], 0, 0
+    for m in runs:
+        b = base.get(m['seed'])
+        if b is None or m['status'] != 'done' or not m['curve']['val']:
+            continue
+        n += 1
+        _, b_tok, b_sec, target = b['curve']['val'][-1]
+        _, tok, sec, loss = zip(*m['curve']['val'])
+        at_budget.append(stats.loss_at(sec, loss, b_sec) - target)
+        t_reach, s_reach = stats.reach(tok, loss, target), stats.reach(sec, loss, target)
+        if t_reach is None:
+            continue
+        reached += 1
+        ratios['tokens'].append(t_reach / b_tok)
+        ratios['flops'].append(t_reach * scale['flops_per_token'] / (b_tok * base_scale['flops_per_token']))
+        ratios['seconds'].append(s_reach / b_sec if b_sec > 0 else None)
+    if n == 0:
+        return None
+    mean = lambda xs: statistics.fmean(xs) if xs and None not in xs and len(xs) == n else None
+    return {'seeds': n, 'reached': reached, **{f'{k}_ratio': mean(xs) for k, xs in ratios.items()},
+            'loss_at_base_time': stats.paired(at_budget)}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -201,6 +234,45 @@ def table(summary):
         rows.append(f"| {v} | {total} | {_count(p['ffn'])} | {p['extras']:,} | {val} | {diff} | {res} | "
                     f"{'–' if s['tok_s'] is None else format(s['tok_s'], ',.0f')} | {s['train_time_s']:.1f} s |")
     return '\n'.join(rows)
+
+
+def time_verdict(m):
+    """Which way the time-matched comparison goes: the variant's loss when the baseline's training time ran out
+    against the baseline's final loss, paired over seeds (resolved by the t-test, else a tie within noise)."""
+    d = m and m['loss_at_base_time']
+    if not d:
+        return '–'
+    if d['n'] < 2:
+        return ('ahead' if d['mean'] < 0 else 'behind') + ' (1 seed, untested)'
+    if not d['resolved']:
+        return 'tie within noise'
+    return 'wins on time' if d['mean'] < 0 else 'loses on time'
+
+
+def matched_section(summary):
+    """summary.md's compute- and time-matched verdicts: a table, one row per variant but the baseline."""
+    base = summary['baseline']
+    ratio = lambda x: '–' if x is None else f'{x:.2f}x'
+    rows = []
+    for v, s in summary['variants'].items():
+        m = s.get('matched')
+        if v == base or not m:
+            continue
+        d = m['loss_at_base_time']
+        at = '–' if not d else fmt_loss(d['mean'], signed=True) + (f" ± {d['std']:.4f}" if d['std'] is not None else '')
+        rows.append(f"| {v} | {m['reached']} of {m['seeds']} | {ratio(m['tokens_ratio'])} | {ratio(m['flops_ratio'])} "
+                    f"| {ratio(m['seconds_ratio'])} | {at} | {time_verdict(m)} |")
+    if not rows:
+        return []
+    return ['## Compute- and time-matched', '',
+            f"Target: {base}'s final validation loss, seed by seed. Reached: in how many seeds the variant's validation "
+            f"curve gets there (linear interpolation between evaluations); tokens, FLOPs and seconds: what it needs to "
+            f"get there as a multiple of what {base} spent (mean over seeds, only when every seed reached it; FLOPs "
+            f"from each model's own per-token count); at {base}'s time: the variant's loss when {base}'s training "
+            f"time ran out, minus {base}'s final loss (mean ± std over seeds; a variant that ends sooner keeps its final "
+            f"loss), and which way that goes (paired t-test at 95%).", '',
+            f'| variant | reached | tokens | FLOPs | seconds | loss at {base}\'s time − {base} | on time |',
+            '|---|:---:|---:|---:|---:|---:|:---:|'] + rows + ['']
 
 
 # how the keys of an activation's learned() report read in summary.md; any other key is shown by its own name
@@ -289,7 +361,7 @@ def write_markdown(path, summary, cfg):
              table(summary), '']
     notes = [f"Final val loss: the last evaluation, mean ± std over seeds. Δ: the per-seed paired difference to "
              f"{summary['baseline']} (same seed, so same batches), mean ± its std over seeds; resolved: a paired t-test at "
-             f"95% (|t| above Student's critical value for n-1 degrees of freedom). tok/s: median over log "
+             f"95% (scipy.stats, Student's t with n-1 degrees of freedom). tok/s: median over log "
              f"lines; train time: optimizer steps only (evaluation excluded{', compilation included' if cfg['compile'] else ''})"
              + (f", measured with {cfg['jobs']} runs at a time" if cfg['jobs'] > 1 else '') + ". params: total (tied embedding counted "
              "once); FFN: W_up/W_gate/W_down (all experts); extras: learned activation coefficients and MoA gates."]
@@ -307,6 +379,7 @@ def write_markdown(path, summary, cfg):
     for v, r in stopped:
         checks.append(f"{v} seed {r['seed']} stopped at iteration {r['iters']} (see {r['dir']}/train.out).")
     lines += notes + [''] + checks + ([''] if checks else [])
+    lines += matched_section(summary)
     learned = learned_section(summary)
     if learned:
         lines += ['## What the learnable activations learned', '',

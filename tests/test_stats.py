@@ -1,0 +1,125 @@
+"""Tests of stats.py on synthetic data with known answers: the power-law fit, the gap trend, the paired t-test, the
+bootstrap, and the matched verdicts (reach / loss_at, and report.matched) on hand-made loss curves."""
+import math
+import os
+import statistics
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import report
+import stats
+
+
+def test_power_law_fit_recovers_known_parameters_within_its_uncertainty():
+    E, A, alpha = 1.6, 30.0, 0.3
+    rng = np.random.default_rng(0)
+    n = np.repeat([1e4, 4e4, 1.6e5, 6.4e5, 2.56e6], 3)  # 5 sizes x 3 seeds
+    loss = E + A * n ** -alpha + rng.normal(0, 0.01, len(n))
+    fit = stats.power_law_fit(n, loss)
+    assert fit['identifiable'] and fit['sizes'] == 5 and fit['points'] == 15
+    for key, true in (('E', E), ('A', A), ('alpha', alpha)):
+        assert abs(fit[key] - true) < 3 * fit[f'{key}_se'], (key, fit[key], true, fit[f'{key}_se'])
+        assert fit[f'{key}_se'] < 0.5 * true  # an uncertainty that says something, not one that covers anything
+
+
+def test_power_law_fit_with_three_sizes_is_not_identifiable():
+    n = np.repeat([1e4, 1e5, 1e6], 2)
+    fit = stats.power_law_fit(n, 2.0 + 10 * n ** -0.3)
+    assert fit['identifiable'] is False and '3 sizes' in fit['why']
+
+
+def test_gap_trend_recovers_a_known_slope_with_a_covering_ci():
+    rng = np.random.default_rng(1)
+    log_n = np.repeat(np.log([1e4, 1e5, 1e6, 1e7]), 3)
+    slope = -0.02  # the variant gains 0.02 nats per e-fold of N
+    gaps = 0.05 + slope * log_n + rng.normal(0, 0.005, len(log_n))
+    t = stats.gap_trend(log_n, gaps)
+    assert t['ci'][0] < slope < t['ci'][1]
+    assert t['verdict'] == 'shrinks' and t['points'] == 12
+    # the same by hand: OLS slope and its standard error, t quantile with m - 2 = 10 degrees of freedom (2.2281)
+    x, y = log_n - log_n.mean(), gaps
+    b = (x * (y - y.mean())).sum() / (x ** 2).sum()
+    resid = y - y.mean() - b * x
+    se = math.sqrt((resid ** 2).sum() / (len(x) - 2) / (x ** 2).sum())
+    assert t['slope_per_ln_n'] == pytest.approx(b, rel=1e-9)
+    assert t['ci'][1] - t['slope_per_ln_n'] == pytest.approx(2.228138851986274 * se, rel=1e-6)
+
+
+def test_gap_trend_without_a_slope_is_flat_within_noise():
+    rng = np.random.default_rng(2)
+    log_n = np.repeat(np.log([1e4, 1e5, 1e6]), 2)
+    assert stats.gap_trend(log_n, -0.03 + rng.normal(0, 0.01, 6))['verdict'] == 'flat within noise'
+    assert stats.gap_trend(log_n, 0.1 * log_n)['verdict'] == 'grows'  # an exact line: zero-width CI above 0
+    assert stats.gap_trend([1.0, 1.0, 1.0], [0.1, 0.2, 0.3]) is None  # one size: no trend
+
+
+def test_paired_t_test_matches_hand_computation():
+    d = [-0.05, -0.03, -0.04]
+    out = stats.paired(d)
+    sd = statistics.stdev(d)
+    assert out['t'] == pytest.approx(statistics.fmean(d) / (sd / math.sqrt(3)), rel=1e-12)
+    half = 4.302652729911275 * sd / math.sqrt(3)  # Student's t, 97.5% quantile, 2 degrees of freedom
+    assert out['ci'] == pytest.approx([statistics.fmean(d) - half, statistics.fmean(d) + half], rel=1e-9)
+    assert out['resolved'] and out['p'] < 0.05
+    assert not stats.paired([-0.05, 0.04])['resolved']
+    one = stats.paired([0.1])
+    assert one['n'] == 1 and one['t'] is None and not one['resolved']
+
+
+def test_bootstrap_ci_of_the_mean_is_close_to_the_normal_interval_on_a_large_sample():
+    rng = np.random.default_rng(3)
+    v = rng.normal(5.0, 2.0, 400)
+    lo, hi = stats.bootstrap_ci(v)
+    half = 1.96 * v.std(ddof=1) / math.sqrt(len(v))
+    assert lo < v.mean() < hi
+    assert (hi - lo) / 2 == pytest.approx(half, rel=0.15)
+    assert stats.bootstrap_ci(v) == [lo, hi]  # seeded: the same values, the same interval
+    assert stats.bootstrap_ci([1.0]) is None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# matched verdicts on hand-made curves
+
+
+def test_reach_and_loss_at_interpolate_linearly():
+    x, loss = [0, 100, 200, 300], [4.0, 3.0, 2.5, 2.2]
+    # 2.6 lies 0.4 of the way down from 3.0 to 2.5 (a drop of 0.5): 100 + 0.8 x 100
+    assert stats.reach(x, loss, 2.6) == pytest.approx(180.0)
+    assert stats.reach(x, loss, 2.2) == pytest.approx(300.0)
+    assert stats.reach(x, loss, 2.0) is None  # never reached
+    assert stats.loss_at(x, loss, 250) == pytest.approx(2.35)
+    assert stats.loss_at(x, loss, 1000) == 2.2  # the run ended before the budget: its final loss
+
+
+def run(seed, points, status='done'):
+    """A run as report.summarize sees it: curve['val'] = [iter, tokens, seconds, val_loss] per evaluation."""
+    return {'seed': seed, 'status': status, 'curve': {'val': [[i, t, s, l] for i, (t, s, l) in enumerate(points)]}}
+
+
+def test_matched_verdicts_on_hand_made_curves():
+    # baseline: 1000 tokens in 10 s per seed, final losses 2.0 and 2.1
+    base = [run(1, [(0, 0, 4.0), (500, 5, 2.6), (1000, 10, 2.0)]),
+            run(2, [(0, 0, 4.0), (500, 5, 2.7), (1000, 10, 2.1)])]
+    # variant: better per token, 1.5x slower per token (15 s for 1000 tokens)
+    var = [run(1, [(0, 0, 4.0), (500, 7.5, 2.2), (1000, 15, 1.8)]),
+           run(2, [(0, 0, 4.0), (500, 7.5, 2.3), (1000, 15, 1.9)])]
+    fpt, base_fpt = {'flops_per_token': 300}, {'flops_per_token': 200}
+    m = report.matched(var, base, fpt, base_fpt)
+    # seed 1 reaches 2.0 at 500 + 500 x (2.2 - 2.0) / (2.2 - 1.8) = 750 tokens, 11.25 s; seed 2 reaches 2.1 the same way
+    assert m['reached'] == 2 and m['seeds'] == 2
+    assert m['tokens_ratio'] == pytest.approx(0.75)
+    assert m['flops_ratio'] == pytest.approx(0.75 * 300 / 200)
+    assert m['seconds_ratio'] == pytest.approx(1.125)
+    # at the baseline's 10 s the variant is at 2.2 + (10 - 7.5) / 7.5 x (1.8 - 2.2) = 2.0667 (seed 1), 2.1667 (seed 2)
+    d = m['loss_at_base_time']
+    assert d['mean'] == pytest.approx(2.2 - 0.4 / 3 - 2.0)
+    assert d['std'] == pytest.approx(0.0, abs=1e-12)
+    # a variant that never gets there: 'not reached', no ratios
+    worse = [run(1, [(0, 0, 4.0), (1000, 10, 2.3)]), run(2, [(0, 0, 4.0), (1000, 10, 2.05)])]
+    m = report.matched(worse, base, base_fpt, base_fpt)
+    assert m['reached'] == 1 and m['tokens_ratio'] is None and m['seconds_ratio'] is None
+    assert report.matched([run(1, [], status='stopped')], base, base_fpt, base_fpt) is None
