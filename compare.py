@@ -5,6 +5,7 @@ Train FFN variants side by side and draw their loss curves: the one command behi
     python compare.py config/compare_shakespeare_char.py                    # 8 variants x 3 seeds, 2-core CPU
     python compare.py config/compare_shakespeare_char.py --variants=gelu,polynorm --seeds=2 --max_iters=300
     python compare.py config/compare_owt_dense.py                           # one GPU, OpenWebText
+    python compare.py config/compare_ladder_shakespeare_char.py             # a scaling ladder: 3 sizes, 2-core CPU
     python compare.py --help                                                # every key (train.py's + the ones below)
 
 Every run is a plain train.py run in its own directory, <out_dir>/<variant>/seed<seed>, started as a subprocess with
@@ -24,11 +25,18 @@ its directory).
 Writes into out_dir: loss.png (validation loss against tokens and against training time, mean over seeds with a
 min-max band, and the smoothed training loss), summary.json and summary.md (per variant: parameters, final validation
 loss mean ± std over seeds, the paired difference to the baseline with its std over seeds and a paired t-test,
-tokens/s, training time, and what learnable activations learned, from the last evaluation's `act` record); acts.png
-and acts.json (one row per variant, its first seed: the learned activation functions over the pre-activations they
-see, against their init, and how far each moved; see inspect_run.py); and prints the table.
+tokens/s, training time, the compute- and time-matched verdicts, and what learnable activations learned, from the last
+evaluation's `act` record); acts.png and acts.json (one row per variant, its first seed: the learned activation
+functions over the pre-activations they see, against their init, and how far each moved; see inspect_run.py); and
+prints the table.
 All numbers come from the runs' own log.jsonl files (acts.png: their checkpoints), so the same runs always give the
 same summary.
+
+A scaling ladder (--sizes=2x64,3x96,4x128, n_layer x n_embd [x n_head]): the same comparison at every size, each an
+ordinary comparison in <out_dir>/<size>/ (reused and resumed as above, so adding a size extends a ladder), with the
+token budget fixed (max_iters) or --tokens_per_param=K, and the learning rate fixed or --lr_rule=width; then
+out_dir/ladder.png, summary.md and summary.json: final loss against non-embedding parameters and training FLOPs, each
+variant's gap to the baseline per size, its trend with size, and the power-law fit (see ladder.py).
 """
 import os
 import signal
@@ -39,6 +47,7 @@ import time
 from tqdm import tqdm
 
 import inspect_run
+import ladder
 import report
 import train
 from activations import check_variant
@@ -56,6 +65,10 @@ COMPARE_DEFAULTS = dict(
     smooth=0.9,  # EMA factor for the plotted training loss (per log line), 0 = raw
     jobs=1,  # runs trained at the same time (CPU: up to the number of cores, with threads=1)
     threads=0,  # OMP_NUM_THREADS for each run; 0 = leave the environment's setting
+    # a scaling ladder (ladder.py): the comparison at several sizes, each in <out_dir>/<n_layer>x<n_embd>/
+    sizes='',  # '' = one size (n_layer, n_embd, n_head as set); e.g. 2x64,3x96,4x128 (n_layer x n_embd [x n_head])
+    tokens_per_param=0.0,  # 0 = max_iters at every size; K > 0: K tokens per non-embedding parameter of the baseline
+    lr_rule='fixed',  # 'fixed': learning_rate at every size; 'width': learning_rate x first width / width
 )
 DEFAULTS = {**train.DEFAULTS, **COMPARE_DEFAULTS, 'out_dir': 'out-compare'}
 RECORD = 'compare.json'  # in each run directory: the settings it was started with, and how it ended
@@ -308,6 +321,39 @@ def main(argv):
     if not any(not a.startswith('-') for a in argv):  # no config file given: the default comparison
         argv = [DEFAULT_CONFIG] + list(argv)
     cfg, given = parse_args(DEFAULTS, argv, types=train.TYPES, prog='compare.py', doc=__doc__.split('\n\n')[1])
+    if cfg['sizes']:
+        return run_ladder(cfg, given)
+    run_comparison(cfg, given)
+
+
+def run_ladder(cfg, given):
+    """The comparison at every size of --sizes, each an ordinary comparison in out_dir/<size>/, then the ladder's
+    summary.md, summary.json and ladder.png in out_dir."""
+    ladder.check(cfg)
+    size_list = ladder.sizes(cfg['sizes'])
+    plan(cfg, given)  # the settings' mistakes, once, before anything runs
+    check_dataset(cfg)
+    settings, summaries = [], []
+    for size in size_list:
+        shape = {**train.DEFAULTS, **cfg, 'n_layer': size['n_layer'], 'n_embd': size['n_embd'],
+                 'n_head': size['n_head'], 'ffn': cfg['baseline'] or cfg['variants'].split(',')[0].strip()}
+        n_params = report.scale_counts(report.meta_model(None, shape, cfg['data_dir'], cfg['dataset']))['non_embedding']
+        s = ladder.size_settings(cfg, size, size_list[0], n_params)
+        settings.append(s)
+        print(f"compare: size {size['name']} (n_head {size['n_head']}, N = {n_params:,} non-embedding parameters, "
+              f"{s.get('max_iters', cfg['max_iters'])} iterations, learning rate "
+              f"{s.get('learning_rate', cfg['learning_rate']):.3g})")
+        out_dir = os.path.join(cfg['out_dir'], size['name'])
+        summaries.append(run_comparison({**cfg, **s, 'out_dir': out_dir}, set(given) | set(s)))
+    lad = ladder.summarize(cfg, size_list, settings, summaries)
+    write_json(os.path.join(cfg['out_dir'], 'summary.json'), lad)
+    ladder.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), lad)
+    ladder.plot(os.path.join(cfg['out_dir'], 'ladder.png'), lad)
+    print(f"wrote {cfg['out_dir']}/summary.md, summary.json, ladder.png (the ladder; each size's own in its directory)")
+
+
+def run_comparison(cfg, given):
+    """One comparison: plan the runs, reuse/resume/train them, write its report into out_dir; returns the summary."""
     variants, seeds, baseline, runs = plan(cfg, given)
     check_dataset(cfg)
     os.makedirs(cfg['out_dir'], exist_ok=True)
@@ -347,6 +393,7 @@ def main(argv):
         print(f"seed std of the final val loss {summary['seed_std']:.4f}, of the paired differences "
               f"{report.fmt_loss(summary['paired_diff_std'])}")
     print(f"wrote {cfg['out_dir']}/summary.md, summary.json, loss.png, acts.png ({time.time() - t0:.0f} s)")
+    return summary
 
 
 if __name__ == '__main__':

@@ -1,0 +1,31 @@
+# A scaling ladder on a 2-core CPU: gelu, swiglu, polynorm and moa x 2 seeds x 3 sizes on the bundled Shakespeare
+# characters (12k, 98k and 332k non-embedding parameters), ~7 minutes on an idle machine, under 15 with margin.
+#   python compare.py config/compare_ladder_shakespeare_char.py
+#   -> out-ladder-shakespeare-char/ladder.png, summary.md, summary.json (the ladder), and per size
+#      out-ladder-shakespeare-char/<n_layer>x<n_embd>/ the ordinary comparison (its table, loss.png, matched verdicts)
+# Every size trains on the same batches per seed for every variant, with the same 250 x 16 x 64 = 256k characters
+# (fixed iterations: the token budget does not grow with the model, so the larger sizes are further from converged;
+# pass --tokens_per_param=K to scale it) and the same learning rate (--lr_rule=width scales it as 1/width).
+#
+# Why this size. 24 runs, two at a time with one thread each (see config/compare_shakespeare_char.py for why).
+# Measured per iteration with one thread on this shared machine while its load average was ~8 (upper bounds):
+#   1x32: gelu 23 ms, moa 33 ms;  2x64: gelu 55 ms, moa 100 ms;  3x96 (3 heads of 32): gelu 100 ms, moa 190 ms.
+# With swiglu ~ gelu and polynorm between gelu and moa, that is ~0.23 CPU-s per iteration for the 4 variants of all 3
+# sizes: 2 seeds x 250 iterations x 0.23 s / 2 jobs = ~2 minutes of steps, plus ~10 s per run of start-up, 6
+# evaluations and checkpoints (24 x 10 s / 2 = 2 minutes): ~4-5 minutes when idle, ~7-9 with others on the cores.
+# 2 seeds are the fewest that give a paired t interval and a seed-level CI on the trend; 3 sizes give a trend but
+# not a power-law fit (3 parameters need at least 4 sizes: the summary says "not identifiable").
+
+exec(open('config/compare_shakespeare_char.py').read())  # the default comparison's data, optimizer and evaluation
+
+out_dir = 'out-ladder-shakespeare-char'
+variants = 'gelu,swiglu,polynorm,moa'
+baseline = 'gelu'
+seeds = 2
+sizes = '1x32,2x64,3x96'  # n_layer x n_embd; n_head chosen for a head size of 32 (1, 2, 3 heads)
+tokens_per_param = 0.0  # fixed iterations at every size
+lr_rule = 'fixed'
+
+max_iters = 250
+lr_decay_iters = 250
+eval_interval = 50  # 5 points per curve after the untrained one

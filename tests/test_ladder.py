@@ -1,0 +1,104 @@
+"""Tests of the scaling ladder: size parsing and per-size settings, the N and FLOPs axes against the model's own
+estimate_mfu count (dense and MoE), and a tiny 2-variant x 2-seed x 2-size ladder end to end (then reused)."""
+import contextlib
+import io
+import json
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import compare
+import ladder
+import report
+from configurator import UserError
+from model import GPT, GPTConfig
+
+
+def test_sizes_pick_even_head_sizes_between_16_and_64():
+    got = ladder.sizes('2x64, 3x96,4x128,1x16,2x48x3')
+    assert [(s['name'], s['n_layer'], s['n_embd'], s['n_head']) for s in got] == [
+        ('2x64', 2, 64, 2), ('3x96', 3, 96, 3), ('4x128', 4, 128, 4), ('1x16', 1, 16, 1), ('2x48', 2, 48, 3)]
+    for s in got:
+        q = s['n_embd'] // s['n_head']
+        assert s['n_embd'] % s['n_head'] == 0 and q % 2 == 0 and 16 <= q <= 64
+    for bad in ('2x', '2by64', '0x64', '2x64,2x64', '2x10', '2x64x3'):
+        with pytest.raises(UserError):
+            ladder.sizes(bad)
+
+
+def test_size_settings_token_budget_and_learning_rate_rules():
+    cfg = dict(tokens_per_param=20.0, batch_size=8, block_size=32, gradient_accumulation_steps=2, max_iters=100,
+               warmup_iters=10, lr_decay_iters=100, eval_interval=25, lr_rule='width', learning_rate=1e-3, min_lr=1e-4)
+    first, size = dict(n_layer=2, n_embd=64, n_head=2), dict(n_layer=3, n_embd=128, n_head=4)
+    s = ladder.size_settings(cfg, size, first, n_params=10_000)
+    # 20 tokens per parameter x 10,000 parameters / 512 tokens per iteration = 390.6 -> 391 iterations
+    assert s['max_iters'] == 391 and s['warmup_iters'] == 39 and s['lr_decay_iters'] == 391
+    assert s['eval_interval'] == 98  # 25 x 3.91, so every size gets the same number of evaluations
+    assert s['learning_rate'] == pytest.approx(5e-4) and s['min_lr'] == pytest.approx(5e-5)  # width 64 -> 128
+    fixed = ladder.size_settings({**cfg, 'tokens_per_param': 0.0, 'lr_rule': 'fixed'}, size, first, 10_000)
+    assert fixed == dict(n_layer=3, n_embd=128, n_head=4)  # the comparison's own max_iters and learning rate
+
+
+@pytest.mark.parametrize('moe', [False, True])
+def test_flops_axis_is_estimate_mfus_count_and_n_excludes_embeddings(moe):
+    extra = dict(n_expert=4, top_k=1, pos='learned') if moe else {}
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=65, **extra))
+    counts = report.scale_counts(model)
+    # estimate_mfu with one sequence per iteration, 1 s, peak 1 FLOP/s returns the FLOPs of one sequence
+    assert counts['flops_per_token'] * 16 == pytest.approx(model.estimate_mfu(1, 1.0, 1.0), rel=1e-12)
+    embedding = sum(p.numel() for n, p in model.named_parameters() if n.startswith(('transformer.wte', 'transformer.wpe')))
+    total = sum(p.numel() for p in model.parameters())
+    assert counts['non_embedding'] == total - embedding
+    if moe:  # a token uses top_k = 1 of 4 experts: 3/4 of the expert weights are inactive
+        experts = sum(p.numel() for n, p in model.named_parameters() if '.ffn.w_' in n and p.dim() == 3)
+        assert counts['non_embedding_active'] == total - embedding - experts * 3 // 4
+    else:
+        assert counts['non_embedding_active'] == counts['non_embedding']
+
+
+TINY = ['--block_size=32', '--batch_size=4', '--max_iters=4', '--lr_decay_iters=4', '--warmup_iters=1',
+        '--eval_interval=2', '--eval_iters=2', '--log_interval=1', '--device=cpu', '--compile=False',
+        '--dtype=float32', '--jobs=2', '--threads=1']
+
+
+def test_tiny_ladder_end_to_end_and_reused(shakespeare_char_dir, tmp_path):
+    out = str(tmp_path / 'ladder')
+    argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--variants=gelu,polynorm', '--seeds=2',
+            '--sizes=1x16,1x32', *TINY]
+    with contextlib.redirect_stdout(io.StringIO()):
+        compare.main(argv)
+    with open(os.path.join(out, 'summary.json')) as f:
+        lad = json.load(f)
+    assert [s['name'] for s in lad['sizes']] == ['1x16', '1x32']
+    assert os.path.getsize(os.path.join(out, 'ladder.png')) > 0
+    md = open(os.path.join(out, 'summary.md')).read()
+    assert '| 1x16 |' in md and '| 1x32 |' in md and 'not identifiable' in md
+    for size in ('1x16', '1x32'):  # each size is an ordinary comparison with its own report
+        assert os.path.exists(os.path.join(out, size, 'summary.md'))
+    n_embd = {'1x16': 16, '1x32': 32}
+    for v in ('gelu', 'polynorm'):
+        for p in lad['variants'][v]['points']:
+            # the FLOPs axis: estimate_mfu's count per token (one sequence, 1 s, peak 1) x the tokens trained
+            args = torch.load(os.path.join(out, p['size'], v, 'seed1337', 'ckpt.pt'), weights_only=True)['model_args']
+            assert args['n_embd'] == n_embd[p['size']]
+            model = GPT(GPTConfig(**args))
+            log = [json.loads(l) for l in open(os.path.join(out, p['size'], v, 'seed1337', 'log.jsonl'))]
+            assert p['flops'] == pytest.approx(model.estimate_mfu(1, 1.0, 1.0) / 32 * log[-1]['tokens'], rel=1e-12)
+            assert p['N'] == sum(q.numel() for n, q in model.named_parameters() if not n.startswith('transformer.w'))
+            assert len(p['seed_losses']) == 2
+    poly = lad['variants']['polynorm']
+    assert all(p['matched'] is not None for p in poly['points'])
+    gaps = [g for p in poly['points'] for g in p['seed_gaps']]
+    assert poly['trend']['points'] == len(gaps) == 4
+    # the same command again trains nothing: every run of both sizes is reused
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        compare.main(argv)
+    assert buf.getvalue().count('(4 to reuse, 0 to train)') == 2
+    with open(os.path.join(out, 'summary.json')) as f:
+        assert json.load(f) == lad
