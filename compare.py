@@ -323,6 +323,9 @@ def main(argv):
     cfg, given = parse_args(DEFAULTS, argv, types=train.TYPES, prog='compare.py', doc=__doc__.split('\n\n')[1])
     if cfg['sizes']:
         return run_ladder(cfg, given)
+    if cfg['tokens_per_param'] or cfg['lr_rule'] != 'fixed':
+        raise UserError("--tokens_per_param and --lr_rule set the budget and learning rate per size of a ladder; "
+                        "add --sizes (e.g. --sizes=2x64,3x96,4x128) or drop them.")
     run_comparison(cfg, given)
 
 

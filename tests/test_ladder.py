@@ -31,6 +31,15 @@ def test_sizes_pick_even_head_sizes_between_16_and_64():
             ladder.sizes(bad)
 
 
+def test_ladder_mistakes_are_one_line_errors_before_anything_runs(tmp_path):
+    out = str(tmp_path / 'nothing')
+    for bad in (['--sizes=2by64'], ['--sizes=2x64', '--lr_rule=sqrt'], ['--sizes=2x64', '--tokens_per_param=-1'],
+                ['--tokens_per_param=20'], ['--lr_rule=width']):
+        with pytest.raises(UserError):
+            compare.main([f'--out_dir={out}', '--variants=gelu,polynorm', *bad])
+    assert not os.path.exists(out)
+
+
 def test_size_settings_token_budget_and_learning_rate_rules():
     cfg = dict(tokens_per_param=20.0, batch_size=8, block_size=32, gradient_accumulation_steps=2, max_iters=100,
                warmup_iters=10, lr_decay_iters=100, eval_interval=25, lr_rule='width', learning_rate=1e-3, min_lr=1e-4)
