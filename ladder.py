@@ -212,7 +212,7 @@ def plot(path, lad):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     colors = plt.get_cmap('tab10').colors
@@ -244,6 +244,7 @@ def plot(path, lad):
         ax.yaxis.set_major_formatter(FormatStrFormatter('%.2f'))
         ax.yaxis.set_minor_formatter(FormatStrFormatter('%.2f'))
     for ax in axes:
+        ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: minor labels on a log axis overlap
         ax.grid(alpha=0.3, which='both')
         ax.legend(fontsize=8)
     fig.suptitle(f"{lad['dataset']}: {len(lad['variants'])} FFN variants x {len(lad['seeds'])} seed(s) x "

@@ -13,10 +13,15 @@
 # With swiglu ~ gelu and polynorm between gelu and moa, that is ~0.23 CPU-s per iteration for the 4 variants of all 3
 # sizes: 2 seeds x 250 iterations x 0.23 s / 2 jobs = ~2 minutes of steps, plus ~10 s per run of start-up, 6
 # evaluations and checkpoints (24 x 10 s / 2 = 2 minutes): ~4-5 minutes when idle, ~7-9 with others on the cores.
+# Measured (results/ladder_shakespeare_char/): `time python compare.py config/compare_ladder_shakespeare_char.py` took
+#   16 min 6 s wall (1x32 204 s, 2x64 420 s, 3x96 328 s) while other jobs kept the load average at 8-15 on the 2
+#   cores (uptime before and after: 8.7 and 8.1), so an upper bound; the runs themselves used 5 min 13 s user + 46 s
+#   system CPU time, i.e. ~3-5 minutes on 2 idle cores.
 # 2 seeds are the fewest that give a paired t interval and a seed-level CI on the trend; 3 sizes give a trend but
 # not a power-law fit (3 parameters need at least 4 sizes: the summary says "not identifiable").
 
-exec(open('config/compare_shakespeare_char.py').read())  # the default comparison's data, optimizer and evaluation
+# Standalone on purpose (no exec of compare_shakespeare_char.py): a run is identified by its settings, so an edit to
+# the default comparison must not change, and so retrain, every run of this ladder.
 
 out_dir = 'out-ladder-shakespeare-char'
 variants = 'gelu,swiglu,polynorm,moa'
@@ -25,7 +30,30 @@ seeds = 2
 sizes = '1x32,2x64,3x96'  # n_layer x n_embd; n_head chosen for a head size of 32 (1, 2, 3 heads)
 tokens_per_param = 0.0  # fixed iterations at every size
 lr_rule = 'fixed'
+jobs = 2
+threads = 1
 
+dataset = 'shakespeare_char'
+device = 'cpu'
+compile = False
+dtype = 'float32'
+
+block_size = 64
+dropout = 0.0
+ffn = 'gelu'  # replaced per run by each of the variants
+
+batch_size = 16
+gradient_accumulation_steps = 1
 max_iters = 250
 lr_decay_iters = 250
+learning_rate = 2e-3
+min_lr = 2e-4
+warmup_iters = 20
+beta2 = 0.99
+weight_decay = 0.1
+grad_clip = 1.0
+
 eval_interval = 50  # 5 points per curve after the untrained one
+eval_iters = 16
+log_interval = 10
+always_save_checkpoint = True  # a cut-off ladder resumes from its last evaluation
