@@ -19,6 +19,7 @@ import stats
 from report import time_verdict
 from configurator import UserError
 
+BOOTSTRAP_MIN_SEEDS = 5  # fewer values have too few distinct resamples for a percentile interval
 HEAD_SIZE = 32  # the head size n_head is chosen for when a size does not name it (kept within 16-64 and even)
 
 
@@ -109,6 +110,7 @@ def summarize(cfg, size_list, settings, summaries):
                            'flops': sv['scale']['flops_per_token'] * sv['tokens'],
                            'final_val_loss': sv['final_val_loss'], 'seed_losses': seeds,
                            'gap': sv['diff_to_baseline'], 'seed_gaps': seed_gaps(sv, sb),
+                           'gap_bootstrap_ci': gap_bootstrap(seed_gaps(sv, sb)),
                            'matched': sv['matched']})
         log_n = [math.log(p['N']) for p in points for _ in p['seed_gaps']]
         gaps = [g for p in points for g in p['seed_gaps']]
@@ -126,6 +128,12 @@ def seed_gaps(sv, sb):
     base = {r['seed']: r['final_val_loss'] for r in sb['runs']}
     return [r['final_val_loss'] - base[r['seed']] for r in sv['runs']
             if r['final_val_loss'] is not None and base.get(r['seed']) is not None]
+
+
+def gap_bootstrap(gaps):
+    """Beside the t interval (which assumes normal seed noise), a percentile bootstrap CI of the mean gap, once there
+    are enough seeds for resampling to say something (BOOTSTRAP_MIN_SEEDS); else None."""
+    return stats.bootstrap_ci(gaps) if len(gaps) >= BOOTSTRAP_MIN_SEEDS else None
 
 
 def _count(n):
@@ -172,7 +180,8 @@ def write_markdown(path, lad):
     lines += ['', f'## Gap to {base} and its trend with size', '',
               f"Gap Δ = L_variant − L_{base}, paired over seeds: mean [95% t interval]. Trend: the least-squares slope of "
               f"Δ against ln N over every seed's gap, with its 95% CI; 'grows' (Δ rises with N: the variant loses ground "
-              f"to {base} as models grow), 'shrinks' (it gains ground), or 'flat within noise' (the CI covers 0).", '',
+              f"to {base} as models grow), 'shrinks' (it gains ground), or 'flat within noise' (the CI covers 0). With "
+              f"{BOOTSTRAP_MIN_SEEDS} or more seeds summary.json adds a percentile bootstrap CI of each gap.", '',
               head + ' trend: slope per ln N [95% CI] |', rule + ':---|']
     for v, lv in lad['variants'].items():
         if v == base:
