@@ -146,9 +146,12 @@ def test_outputs(compared):
     assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 600
     with open(os.path.join(out, 'summary.md')) as f:
         md = f.read()
-    rows = [line for line in md.splitlines() if line.startswith('| ')]
+    rows = [line for line in md.split('## ')[0].splitlines() if line.startswith('| ')]  # the main table
     for v in VARIANTS:
         assert sum(r.startswith(f'| {v} |') for r in rows) == 1
+    # the compute- and time-matched table: one row per variant but the baseline
+    matched = md.split('## Compute- and time-matched')[1].split('## ')[0]
+    assert '| moa |' in matched and '| gelu |' not in matched
     assert '| gelu |' in stdout and '| moa |' in stdout  # the table is printed at the end
     assert 'Seed noise' in md and 'moa' in md.split('What the learnable activations learned')[1]
     # each run kept its quietened output and the settings it was started with
