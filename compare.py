@@ -112,15 +112,30 @@ def plan(cfg, given):
     for v in variants:
         for s in seeds:
             d = os.path.join(cfg['out_dir'], v, f'seed{s}')
-            runs.append(dict(variant=v, seed=s, dir=d, args={**shared, 'ffn': v, 'seed': str(s), 'out_dir': d}))
+            args = {**shared, 'ffn': v, 'seed': str(s), 'out_dir': d, **wandb_args(cfg, v, s)}
+            runs.append(dict(variant=v, seed=s, dir=d, args=args))
     return variants, seeds, baseline, runs
+
+
+def wandb_args(cfg, variant, seed):
+    """With --wandb_log=True, the runs of one comparison share a wandb group (--wandb_group, or the out_dir's name)
+    and each run is named and tagged by its variant and seed, so the dashboard can group, filter and average them."""
+    if not cfg['wandb_log']:
+        return {}
+    tags = [t.strip() for t in cfg['wandb_tags'].split(',') if t.strip()] + [variant, f'seed{seed}']
+    name = f"{variant}-seed{seed}"
+    return {'wandb_group': cfg['wandb_group'] or os.path.basename(os.path.abspath(cfg['out_dir'])),
+            'wandb_run_name': f"{cfg['wandb_run_name']}-{name}" if cfg['wandb_run_name'] else name,
+            'wandb_tags': ','.join(tags)}
 
 
 def record_args(run):
     """The settings a run is identified by: its train.py arguments except where things are (out_dir, data_dir): a
     comparison or its data may be moved. The logs' batch_hash and val_hash still show whether the data is the same."""
-    # a key passed at its default value identifies the same run as the key left out
-    return {k: v for k, v in run['args'].items() if k not in ('out_dir', 'data_dir') and v != train.DEFAULTS.get(k)}
+    # a key passed at its default value identifies the same run as the key left out; experiment tracking (wandb_*)
+    # does not change what is trained, so a run trained without it is reused with it and the other way round
+    return {k: v for k, v in run['args'].items() if k not in ('out_dir', 'data_dir') and not k.startswith('wandb_')
+            and v != train.DEFAULTS.get(k)}
 
 
 def run_state(run, max_iters):

@@ -18,7 +18,8 @@ from common import checkpoint_field, read_log, read_json
 SHOWN_KEYS = ('dataset', 'n_layer', 'n_head', 'n_embd', 'block_size', 'batch_size', 'gradient_accumulation_steps',
               'max_iters', 'learning_rate', 'schedule', 'warmup_iters', 'min_lr', 'eval_interval', 'eval_iters',
               'n_expert', 'top_k', 'device', 'dtype', 'compile')
-PER_RUN_KEYS = ('out_dir', 'ffn', 'seed', 'init_from', 'overwrite')  # set per run by compare.py
+# set per run by compare.py
+PER_RUN_KEYS = ('out_dir', 'ffn', 'seed', 'init_from', 'overwrite', 'wandb_run_name', 'wandb_tags')
 
 
 def fmt_value(value):

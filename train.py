@@ -88,6 +88,12 @@ TRAIN_DEFAULTS = dict(
     compile=None,  # None = auto: on for CUDA, off elsewhere
     peak_flops=0.0,  # FLOP/s for MFU; 0 = from the GPU's name (H100/H200 989e12, A100 312e12), else MFU is null
     seed=1337,
+    # Weights & Biases (nanoGPT's keys; wandb is imported only when wandb_log is on)
+    wandb_log=False,  # log every log.jsonl record to wandb too (WANDB_MODE=offline works without network)
+    wandb_project='nanoffn',
+    wandb_run_name='',  # '' = the out_dir's name
+    wandb_group='',  # runs that belong together (compare.py sets one per comparison)
+    wandb_tags='',  # comma-separated
 )
 # every field of GPTConfig is a key too, with the dataclass's default; vocab_size comes from the dataset
 MODEL_KEYS = [f.name for f in dataclasses.fields(GPTConfig)]
@@ -197,6 +203,19 @@ def truncate_log(path, iter_num):
             f.write(json.dumps(r) + '\n')
     os.replace(tmp, path)
     return len(records)
+
+
+def wandb_fields(record, prefix=''):
+    """A log record as wandb charts it: nested dicts and lists become '/'-joined keys of scalars, so
+    {'act': {'layers': [{'poly': [a0, a1]}]}} logs act/layers/0/poly/0 and act/layers/0/poly/1."""
+    items = record.items() if isinstance(record, dict) else enumerate(record)
+    out = {}
+    for key, value in items:
+        if isinstance(value, (dict, list)):
+            out.update(wandb_fields(value, f'{prefix}{key}/'))
+        else:
+            out[f'{prefix}{key}'] = value
+    return out
 
 
 def peak_flops_for(device_type, override):
@@ -352,6 +371,7 @@ class Trainer:
         cfg, resumed = self.cfg, self.saved_iter is not None
         self.has_learned = self.master  # only the master logs, so only it pays for learned()'s extra forward pass
         self.lock = None
+        self.wandb_run = None
         if not self.master:
             return
         self.lock = lock_run_dir(self.out_dir)  # held until train() ends; the kernel drops it if the process dies
@@ -370,6 +390,19 @@ class Trainer:
         print('parameters: ' + ', '.join(f"{k} {v:,}" for k, v in report.items()))
         print(f"device {self.device}, dtype {self.dtype}, compile {self.use_compile}"
               + (f", resuming at iteration {self.iter_num}" if resumed else ''))
+        self.wandb_run = self.start_wandb() if cfg['wandb_log'] else None
+
+    def start_wandb(self):
+        """A wandb run for this process (the master only), with every setting as its config. A resumed train.py
+        starts a new wandb run of the same name and group, whose history begins at the checkpoint's iteration."""
+        try:
+            import wandb
+        except ImportError:
+            raise UserError("--wandb_log=True needs the wandb package; pip install wandb, or drop --wandb_log.") from None
+        cfg = self.cfg
+        tags = [t.strip() for t in cfg['wandb_tags'].split(',') if t.strip()]
+        return wandb.init(project=cfg['wandb_project'], name=cfg['wandb_run_name'] or os.path.basename(
+            os.path.abspath(self.out_dir)), group=cfg['wandb_group'] or None, tags=tags or None, config=cfg)
 
     # ---- what happens at log lines ---------------------------------------------------------------------------------
 
@@ -378,6 +411,8 @@ class Trainer:
             self.log_file.write(json.dumps(record) + '\n')
             self.log_file.flush()
             self.log_lines += 1
+            if self.wandb_run is not None:  # the same record, at the same iteration
+                self.wandb_run.log(wandb_fields(record), step=record['iter'])
 
     @torch.no_grad()
     def evaluate(self):
@@ -558,6 +593,8 @@ class Trainer:
             pbar.close()
             if self.master:
                 self.log_file.close()
+                if self.wandb_run is not None:
+                    self.wandb_run.finish()
                 self.lock.close()
             if self.ddp:
                 dist.destroy_process_group()
