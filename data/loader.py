@@ -36,6 +36,7 @@ PREPARE_COMMANDS = {
     "shakespeare_char": "python data/shakespeare_char/prepare.py",
     "shakespeare": "python data/shakespeare/prepare.py",
     "openwebtext": "python data/openwebtext/prepare.py",
+    "fineweb10B": "python data/fineweb10B/prepare.py --shards=8",
     "text": "python data/text/prepare.py --input=YOUR_FILES",
 }
 

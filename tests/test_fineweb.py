@@ -1,0 +1,125 @@
+"""data/fineweb10B/prepare.py against a local stand-in for the Hugging Face hub: download() is replaced by a function
+that copies synthetic shards (headers written here by hand, as the shard format specifies) from a temporary folder,
+as hf_hub_download(local_dir=...) would. The real download is not reachable from the test machines."""
+import importlib.util
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from configurator import UserError, run_cli  # noqa: E402
+from data.loader import PREPARE_COMMANDS, DataLoader, DatasetNotPrepared  # noqa: E402
+
+TOKENS = {"fineweb_val_000000.bin": 300, "fineweb_train_000001.bin": 500, "fineweb_train_000002.bin": 400,
+          "fineweb_train_000003.bin": 200}
+
+
+def shard_bytes(first, n):
+    """A shard as the format defines it: int32 header [20240520, 1, n, 0 x 253], then n uint16 tokens."""
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = 20240520, 1, n
+    return header.tobytes() + (first + np.arange(n)).astype("<u2").tobytes()
+
+
+@pytest.fixture
+def fineweb(tmp_path, monkeypatch):
+    """The prepare module with its download() served from tmp_path/hub; module.downloads lists the files fetched."""
+    spec = importlib.util.spec_from_file_location("fineweb10B_prepare", os.path.join(REPO, "data/fineweb10B/prepare.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    for i, (name, n) in enumerate(TOKENS.items()):  # shard i holds 1000*i, 1000*i + 1, ...: windows are checkable
+        (hub / name).write_bytes(shard_bytes(1000 * i, n))
+    module.hub, module.downloads = hub, []
+
+    def stand_in(filename, cache_dir):
+        module.downloads.append(filename)
+        os.makedirs(cache_dir, exist_ok=True)
+        return shutil.copy(hub / filename, os.path.join(cache_dir, filename))
+    monkeypatch.setattr(module, "download", stand_in)
+    return module
+
+
+def test_shards_land_whole_the_loader_reads_them_and_reruns_download_nothing_twice(fineweb, tmp_path):
+    out = tmp_path / "data" / "fineweb10B"
+    meta = fineweb.prepare(shards=2, out_dir=str(out))
+    assert fineweb.downloads == ["fineweb_val_000000.bin", "fineweb_train_000001.bin", "fineweb_train_000002.bin"]
+    for hub_name, name in [("fineweb_val_000000.bin", "val_000000.bin"), ("fineweb_train_000001.bin", "train_000001.bin"),
+                           ("fineweb_train_000002.bin", "train_000002.bin")]:
+        assert (out / name).read_bytes() == (fineweb.hub / hub_name).read_bytes()
+    assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 50257
+    assert (meta["train_tokens"], meta["val_tokens"], meta["train_shards"]) == (500 + 400, 300, 2)
+
+    loader = DataLoader("fineweb10B", 16, 8, seed=0, data_dir=str(tmp_path / "data"))
+    assert loader.meta == meta
+    x, y = loader.next_batch()
+    for row in np.concatenate([x.numpy(), y.numpy()[:, -1:]], axis=1):  # a window is 17 consecutive tokens of a shard
+        assert (np.diff(row) == 1).all() and row[0] // 1000 in (1, 2)  # train shards are shards 1 and 2
+    xv, _ = loader.val_batches(1)[0]
+    assert (xv.numpy() // 1000 == 0).all()  # validation windows come from the validation shard only
+
+    fineweb.downloads.clear()
+    fineweb.prepare(shards=2, out_dir=str(out))
+    assert fineweb.downloads == []  # everything is in place: nothing is fetched again
+    meta = fineweb.prepare(shards=3, out_dir=str(out))
+    assert fineweb.downloads == ["fineweb_train_000003.bin"]  # only the missing shard
+    assert meta["train_tokens"] == 500 + 400 + 200
+
+
+@pytest.mark.parametrize("damage", ["truncated", "wrong magic"])
+def test_a_corrupt_shard_is_refused_by_name_in_one_line(fineweb, tmp_path, capsys, damage):
+    bad = fineweb.hub / "fineweb_train_000002.bin"
+    data = bad.read_bytes()
+    bad.write_bytes(data[:-10] if damage == "truncated" else b"\0\0\0\0" + data[4:])
+    out = tmp_path / "fw"
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(fineweb.main, ["--shards=2", f"--out_dir={out}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if not line.startswith("downloading ")]  # progress lines aside
+    assert len(errors) == 1 and errors[0].startswith("error: ") and "Traceback" not in err
+    assert "fineweb_train_000002.bin is corrupt" in errors[0] and "rerun" in errors[0]
+    # the good shards stay, the corrupt one is neither kept nor in place, and without meta.json the dataset is not
+    # complete for the loader
+    assert sorted(os.listdir(out)) == ["cache", "train_000001.bin", "val_000000.bin"]
+    assert not os.path.exists(out / "cache" / "fineweb_train_000002.bin")
+    with pytest.raises(DatasetNotPrepared, match="python data/fineweb10B/prepare.py"):
+        DataLoader("fineweb10B", 16, 8, seed=0, data_dir=str(tmp_path))
+
+    bad.write_bytes(data)  # the hub serves it whole again: a rerun fetches only that shard
+    fineweb.downloads.clear()
+    run_cli(fineweb.main, ["--shards=2", f"--out_dir={out}"])
+    assert fineweb.downloads == ["fineweb_train_000002.bin"]
+    assert (out / "train_000002.bin").read_bytes() == data
+
+
+def test_bad_shard_count_and_no_network_are_one_sentence(fineweb, tmp_path, monkeypatch):
+    with pytest.raises(UserError, match="--shards must be between 1 and 103"):
+        fineweb.prepare(shards=104, out_dir=str(tmp_path / "fw"))
+    import huggingface_hub.constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    real = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
+        "fineweb10B_real", os.path.join(REPO, "data/fineweb10B/prepare.py")))
+    real.__spec__.loader.exec_module(real)
+    with pytest.raises(UserError, match="could not download fineweb_val_000000.bin from the Hugging Face dataset "
+                                        "kjj0/fineweb10B-gpt2"):
+        real.download("fineweb_val_000000.bin", str(tmp_path / "cache"))
+
+
+def test_config_reads_the_dataset_and_has_the_budget_its_header_states():
+    import train
+    from configurator import parse_args
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        cfg, _ = parse_args(train.DEFAULTS, ["config/fineweb10B.py"])
+    finally:
+        os.chdir(cwd)
+    train.check_config(cfg)
+    assert cfg["dataset"] == "fineweb10B" and cfg["dataset"] in PREPARE_COMMANDS
+    tokens_per_iter = cfg["batch_size"] * cfg["block_size"] * cfg["gradient_accumulation_steps"]
+    assert tokens_per_iter == 524_288 and round(tokens_per_iter * cfg["max_iters"] / 1e9, 1) == 10.0
