@@ -1,0 +1,187 @@
+"""GPU checks, for a machine with a CUDA GPU: `python -m pytest -m cuda` (a few minutes, most of it compiling).
+They are collected everywhere and skipped, with the reason, where torch sees no CUDA device.
+
+What they establish on the GPU, where the CPU tests cannot look:
+- every FFN variant, compiled and run in bf16 autocast as training runs it, computes the loss, logits and gradients
+  of the eager fp32 model within a stated tolerance, with no graph break;
+- the MoE's grouped matmul (torch.nn.functional.grouped_mm, bf16 on CUDA) gives the per-expert loop's outputs and
+  gradients, and the compiled bf16 MoE GPT has no graph break;
+- the optimizer is fused AdamW and steps like the unfused one;
+- a 20-step compare.py on synthetic shards trains every run, logs an MFU between 0 and 1, and learns.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import model as model_module
+import train
+from activations import VARIANTS
+from data.shards import write_shard
+from model import GPT, GPTConfig
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU (torch.cuda.is_available() is False); run `python -m pytest -m cuda` on a machine with one")]
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB = 512
+# bf16 keeps 8 significant bits (relative rounding 2^-9 ~ 0.2% per operation), with fp32 accumulation in matmuls.
+# Through a 2-layer model that stays around 1%; a wrong kernel or a dropped term is off by O(100%). Errors are
+# relative L2 norms: |a - b| / |b| over all logits, and over all gradients concatenated.
+LOSS_RTOL, LOGITS_RTOL, GRADS_RTOL = 0.01, 0.05, 0.10
+
+
+def rel_err(a, b):
+    a, b = a.detach().float().flatten(), b.detach().float().flatten()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def tiny_gpt(ffn, **kw):
+    """A 2-layer GPT on the GPU, its activation coefficients and gates moved off their init so every path counts."""
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(**{**dict(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=VOCAB, ffn=ffn), **kw}))
+    gpt = gpt.cuda()
+    with torch.no_grad():
+        for name, p in gpt.named_parameters():
+            if '.act' in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return gpt
+
+
+def batch(B=8, T=64):
+    g = torch.Generator(device='cuda').manual_seed(1)
+    x = torch.randint(0, VOCAB, (B, T + 1), device='cuda', generator=g)
+    return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+
+def loss_logits_grads(fn, gpt, x, y):
+    logits, loss = fn(x, y)
+    grads = torch.autograd.grad(loss, list(gpt.parameters()))
+    return loss, logits, torch.cat([g.float().flatten() for g in grads])
+
+
+@pytest.fixture(autouse=True)
+def fp32_reference():
+    """The eager reference in true fp32 (no TF32 matmuls), whatever an earlier test set."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision('highest')
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize('variant', list(VARIANTS))
+def test_compiled_bf16_matches_eager_fp32_without_graph_breaks(variant):
+    gpt = tiny_gpt(variant)
+    x, y = batch()
+    ref = loss_logits_grads(gpt, gpt, x, y)
+    compiled = torch.compile(gpt)
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+        got = loss_logits_grads(compiled, gpt, x, y)
+    assert abs(got[0].item() - ref[0].item()) <= LOSS_RTOL * ref[0].item(), (got[0].item(), ref[0].item())
+    assert rel_err(got[1], ref[1]) < LOGITS_RTOL
+    assert rel_err(got[2], ref[2]) < GRADS_RTOL
+    assert got[1].dtype == torch.bfloat16  # autocast was in effect: this compared bf16 with fp32
+    breaks = dict(torch._dynamo.utils.counters['graph_break'])
+    assert not breaks, breaks
+
+
+@pytest.mark.parametrize('ffn', ['relu', 'swiglu', 'moa_glu'])
+def test_moe_grouped_mm_in_bf16_equals_the_per_expert_loop(ffn, monkeypatch):
+    gpt = tiny_gpt(ffn, n_expert=4, top_k=2, n_layer=1)
+    moe = gpt.transformer.h[0].ffn
+    x = torch.randn(4, 64, 128, device='cuda')
+    calls = []
+    grouped_mm = torch.nn.functional.grouped_mm
+    monkeypatch.setattr(model_module.F, 'grouped_mm', lambda *a, **kw: calls.append(1) or grouped_mm(*a, **kw))
+    results = {}
+    for grouped in (True, False):
+        moe.use_grouped_mm = grouped
+        calls.clear()
+        xg = x.clone().requires_grad_(True)
+        with torch.autocast('cuda', dtype=torch.bfloat16):
+            out = moe(xg)[0]
+        grads = torch.autograd.grad((out.float() * torch.linspace(-1, 1, out.numel(), device='cuda').view_as(out)).sum(),
+                                    [xg, *moe.parameters()])
+        results[grouped] = (out, grads, len(calls))
+    (out_g, grads_g, n_grouped), (out_l, grads_l, n_loop) = results[True], results[False]
+    assert n_grouped > 0 and n_loop == 0  # each path was the one measured (the output is cast back to x's dtype)
+    # the same bf16 operands, both accumulating in fp32: they differ by the rounding of their outputs only
+    assert rel_err(out_g, out_l) < 0.01
+    for a, b in zip(grads_g, grads_l):
+        assert rel_err(a, b) < 0.02
+
+
+def test_moe_gpt_compiles_in_bf16_without_graph_breaks_and_matches_eager():
+    gpt = tiny_gpt('moa', n_expert=4, top_k=2)
+    x, y = batch()
+    ref = loss_logits_grads(gpt, gpt, x, y)
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+        got = loss_logits_grads(torch.compile(gpt), gpt, x, y)
+    assert abs(got[0].item() - ref[0].item()) <= LOSS_RTOL * ref[0].item()
+    assert rel_err(got[2], ref[2]) < GRADS_RTOL
+    breaks = dict(torch._dynamo.utils.counters['graph_break'])
+    assert not breaks, breaks
+
+
+def test_optimizer_is_fused_adamw_and_steps_like_the_unfused_one():
+    models = [tiny_gpt('polynorm'), tiny_gpt('polynorm')]
+    fused = models[0].configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cuda')  # as train.py asks for it on a GPU
+    plain = models[1].configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')  # the same groups, not fused
+    assert isinstance(fused, torch.optim.AdamW) and fused.defaults['fused'] is True and not plain.defaults['fused']
+    x, y = batch()
+    for gpt, opt in zip(models, (fused, plain)):
+        for _ in range(3):
+            opt.zero_grad()
+            gpt(x, y)[1].backward()
+            opt.step()
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+        assert rel_err(a, b) < 1e-4, name
+
+
+@pytest.fixture(scope='module')
+def compared(tmp_path_factory):
+    """compare.py, 2 variants x 1 seed x 20 iterations, on the GPU with its defaults (bf16, compiled), on synthetic
+    shards: a fixed random sequence of period 61 repeated, which a model can learn in 20 steps."""
+    root = tmp_path_factory.mktemp('cuda')
+    folder = root / 'data' / 'synthetic'
+    folder.mkdir(parents=True)
+    period = np.random.default_rng(0).integers(0, VOCAB, 61)
+    write_shard(str(folder / 'train_000.bin'), np.tile(period, 2000))
+    write_shard(str(folder / 'val_000.bin'), np.tile(period, 200))
+    (folder / 'meta.json').write_text(json.dumps({'tokenizer': 'synthetic', 'vocab_size': VOCAB}))
+    out = root / 'cmp'
+    # the default comparison's config is read first (CPU settings): every setting that matters is given here
+    cmd = [sys.executable, 'compare.py', f'--data_dir={root / "data"}', '--dataset=synthetic', f'--out_dir={out}',
+           '--device=cuda', '--compile=True', '--dtype=bfloat16', '--variants=gelu,moa_glu', '--seeds=1', '--jobs=2',
+           '--max_iters=20', '--lr_decay_iters=20', '--eval_interval=10', '--log_interval=5', '--eval_iters=4',
+           '--warmup_iters=2', '--learning_rate=3e-3', '--min_lr=3e-4', '--n_layer=2', '--n_head=4', '--n_embd=128',
+           '--block_size=128', '--batch_size=16']
+    if train.peak_flops_for('cuda', 0) is None:  # a GPU missing from train.PEAK_FLOPS: MFU against an H100's peak
+        cmd.append('--peak_flops=989e12')
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    logs = {v: [json.loads(l) for l in open(out / v / 'seed1337' / 'log.jsonl')] for v in ('gelu', 'moa_glu')}
+    return json.loads((out / 'summary.json').read_text()), logs
+
+
+def test_a_20_step_compare_on_synthetic_shards_trains_both_runs_on_the_gpu(compared):
+    summary, logs = compared
+    for variant, log in logs.items():
+        assert log[-1]['iter'] == 20 and 'val_loss' in log[-1]
+        assert log[-1]['val_loss'] < log[0]['val_loss'] - 0.5, variant  # it learned the repeating sequence
+    assert logs['gelu'][-1]['batch_hash'] == logs['moa_glu'][-1]['batch_hash']  # the same batches for both
+    text = json.dumps(summary)
+    assert 'gelu' in text and 'moa_glu' in text
+
+
+def test_mfu_is_between_0_and_1(compared):
+    _, logs = compared
+    mfus = [r['mfu'] for log in logs.values() for r in log if 'mfu' in r]
+    assert mfus and all(m is not None and 0 < m < 1 for m in mfus), mfus
