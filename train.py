@@ -34,6 +34,7 @@ Semantics worth knowing:
 """
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -131,6 +132,8 @@ def check_config(cfg):
     for key in ('max_iters', 'warmup_iters', 'lr_decay_iters'):
         if cfg[key] < 0:
             raise UserError(f"--{key} must not be negative, got {cfg[key]}.")
+    if cfg['wandb_log'] and importlib.util.find_spec('wandb') is None:  # found without importing it
+        raise UserError("--wandb_log=True needs the wandb package; pip install wandb, or drop --wandb_log.")
     if not 0.0 <= cfg['decay_frac'] <= 1.0:
         raise UserError(f"--decay_frac must be between 0 and 1, got {cfg['decay_frac']}.")
     for key in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'):
@@ -395,10 +398,7 @@ class Trainer:
     def start_wandb(self):
         """A wandb run for this process (the master only), with every setting as its config. A resumed train.py
         starts a new wandb run of the same name and group, whose history begins at the checkpoint's iteration."""
-        try:
-            import wandb
-        except ImportError:
-            raise UserError("--wandb_log=True needs the wandb package; pip install wandb, or drop --wandb_log.") from None
+        import wandb  # check_config made sure it is installed
         cfg = self.cfg
         tags = [t.strip() for t in cfg['wandb_tags'].split(',') if t.strip()]
         return wandb.init(project=cfg['wandb_project'], name=cfg['wandb_run_name'] or os.path.basename(

@@ -13,10 +13,15 @@ import struct
 import subprocess
 import sys
 
+import importlib.util
+
 import pytest
 
-wandb = pytest.importorskip('wandb', reason='wandb is not installed (pip install wandb) so its logging cannot be tested')
-from wandb.proto import wandb_internal_pb2  # noqa: E402
+HAVE_WANDB = importlib.util.find_spec('wandb') is not None
+needs_wandb = pytest.mark.skipif(not HAVE_WANDB, reason='wandb is not installed (pip install wandb), so its logging '
+                                                        'cannot be tested')
+if HAVE_WANDB:
+    from wandb.proto import wandb_internal_pb2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ['--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
@@ -94,6 +99,7 @@ def assert_history_holds_log(history, log):
     assert any('act' in r for r in log) and any('val_loss' in r for r in log)  # the test saw what it checks
 
 
+@needs_wandb
 def test_train_logs_every_field_of_log_jsonl(shakespeare_char_dir, tmp_path):
     out_dir = tmp_path / 'pn'
     run_script(['train.py', *TINY, '--ffn=polynorm', f'--data_dir={shakespeare_char_dir}', f'--out_dir={out_dir}',
@@ -103,6 +109,7 @@ def test_train_logs_every_field_of_log_jsonl(shakespeare_char_dir, tmp_path):
     assert_history_holds_log(history, read_log(out_dir))
 
 
+@needs_wandb
 def test_compare_groups_a_comparison_and_tags_variant_and_seed(shakespeare_char_dir, tmp_path):
     out_dir = tmp_path / 'cmp'
     run_script(['compare.py', *TINY, f'--data_dir={shakespeare_char_dir}', f'--out_dir={out_dir}',
@@ -120,3 +127,13 @@ def test_compare_groups_a_comparison_and_tags_variant_and_seed(shakespeare_char_
             assert all(history[r['iter']][k] == v for r in log for k, v in r.items())
         else:
             assert_history_holds_log(history, log)
+
+
+def test_wandb_log_without_wandb_is_a_user_error_before_anything_is_written(monkeypatch):
+    import train
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'wandb' else real_find_spec(name, *a))
+    from configurator import UserError
+    with pytest.raises(UserError, match='needs the wandb package; pip install wandb'):
+        train.check_config({**train.DEFAULTS, 'wandb_log': True})
+    train.check_config({**train.DEFAULTS, 'wandb_log': False})  # off: wandb is never looked for
