@@ -9,29 +9,11 @@
 # Time (an ESTIMATE from FLOPs, never measured here): 6 * 124e6 * 10e9 = 7.4e18 FLOPs, plus ~15% for attention,
 #   / (0.4 * 989e12 FLOP/s) ~ 21,700 s: about 6 hours on one H100/H200 in bf16 with compile.
 
+exec(open('config/owt.py').read())  # GPT-2 small and its AdamW recipe (run from the repo root, as every config)
+
 out_dir = 'out-fineweb10B'
 dataset = 'fineweb10B'
-
-eval_interval = 250
 eval_iters = 200  # 200 x 16 x 1024 = 3.3M validation tokens of fineweb_val_000000.bin, the same for every run
-log_interval = 10
-always_save_checkpoint = True
-
-n_layer = 12
-n_head = 12
-n_embd = 768
-block_size = 1024
-dropout = 0.0
-ffn = 'gelu'
-
-batch_size = 16  # per micro-step
-gradient_accumulation_steps = 32
-max_iters = 19073
+max_iters = 19073  # 19,073 x 524,288 tokens per iteration = 10.0B tokens
 lr_decay_iters = 19073
-learning_rate = 6e-4
-min_lr = 6e-5
 warmup_iters = 700
-weight_decay = 1e-1
-beta1 = 0.9
-beta2 = 0.95
-grad_clip = 1.0
