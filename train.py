@@ -46,10 +46,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from tqdm import tqdm
 
-from common import (autocast, load_checkpoint, lock_run_dir, model_state, read_log_lines, resolve_device, resolve_dtype,
-                    save_checkpoint)
+from common import (autocast, load_checkpoint, lock_run_dir, model_state, progress_bar, read_log_lines, resolve_device,
+                    resolve_dtype, save_checkpoint)
 from configurator import RunStopped, UserError, parse_args, run_cli
 from activations import check_variant
 from model import GPT, GPTConfig
@@ -554,8 +553,8 @@ class Trainer:
         cfg = self.cfg
         self.peak_flops = peak_flops_for(self.device_type, cfg['peak_flops'])
         nan_at = int(os.environ.get('NANOFFN_NAN_AT', -1))  # debug hook, see the docstring
-        pbar = tqdm(total=cfg['max_iters'], initial=self.iter_num, disable=not self.master, file=sys.stdout,
-                    dynamic_ncols=True, desc='train')
+        # the bar on stderr (plain lines in a log file); evaluation lines and the summary on stdout
+        pbar = progress_bar(cfg['max_iters'], 'train', initial=self.iter_num, disable=not self.master)
         try:
             if self.iter_num == 0:  # the untrained model's validation loss starts every curve
                 record = {'iter': 0, 'tokens': 0, 'lr': get_lr(0, cfg), 'batch_hash': self.loader.batch_hash}
