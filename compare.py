@@ -15,12 +15,28 @@ share the token budget and learning-rate schedule (the logs' batch_hash and val_
 seed+1, ..., seed+seeds-1. --jobs=N trains N runs at a time and --threads=T gives each T threads (OMP_NUM_THREADS):
 on a CPU, tiny models train fastest as one single-threaded run per core.
 
+On GPUs the runs are placed on the visible GPUs: each run's CUDA_VISIBLE_DEVICES names exactly its own GPU, dealt
+round robin, so by default (--jobs=0) there is one run per GPU at a time, and --jobs=16 on 8 GPUs puts two small runs
+on each. --nproc_per_run=N launches every run with torchrun as an N-process DDP run on N GPUs of its own (on a CPU:
+N gloo processes).
+
+Any scheduler can run them instead (a Slurm job array, GNU parallel, xargs -P, Ray, Kubernetes Jobs):
+
+    python compare.py ... --plan > plan.txt            # the exact command of every run still to do, one per line
+    xargs -d '\\n' -n 1 -P 4 sh -c < plan.txt           # or one Slurm array task per line, on a shared filesystem
+    python compare.py ... --report                     # the summary and plots from the finished run directories
+
+A plan line is train.py with every setting explicit and absolute paths, writing into the run's own directory. Such a
+run is recognised afterwards by the settings in its checkpoint (train.py saves all of them), checked like a run
+compare.py started itself; a plain rerun without --report also reuses it and trains whatever is still missing.
+
 Re-running the same command reuses what is there: a run whose log reached max_iters with its final evaluation is
 reused as it is, a cut-off run resumes from its checkpoint (init_from=resume), and a run that stopped on a non-finite
-loss (train.py exit status 3) is reported as stopped rather than retried. Each run directory keeps compare.json (the
-settings it was started with) and train.out (its quietened output). A directory whose runs were started with other
-settings is refused; pass --overwrite=True to retrain those runs from scratch (to retry a stopped run, delete
-its directory).
+loss (train.py exit status 3) is reported as stopped rather than retried. Each run directory compare.py trained keeps
+compare.json (the settings it was started with, and how it ended) and train.out (its output). A run's settings are
+read from its checkpoint's config when it has one, else from compare.json; a directory whose run has other settings
+(or a log that neither says) is refused; pass --overwrite=True to retrain those runs from scratch (to retry a stopped
+run, delete its directory).
 
 Writes into out_dir: loss.png (validation loss against tokens and against training time, mean over seeds with a
 min-max band, and the smoothed training loss), summary.json and summary.md (per variant: parameters, final validation
@@ -28,7 +44,7 @@ loss mean ± std over seeds, the paired difference to the baseline with its std 
 tokens/s, training time, the compute- and time-matched verdicts, and what learnable activations learned, from the last
 evaluation's `act` record); acts.png and acts.json (one row per variant, its first seed: the learned activation
 functions over the pre-activations they see, against their init, and how far each moved; see inspect_run.py); and
-prints the table.
+prints the table on stdout (progress goes to stderr, so `python compare.py > summary.md` keeps just the results).
 All numbers come from the runs' own log.jsonl files (acts.png: their checkpoints), so the same runs always give the
 same summary.
 
@@ -39,19 +55,18 @@ out_dir/ladder.png, summary.md and summary.json: final loss against non-embeddin
 variant's gap to the baseline per size, its trend with size, and the power-law fit (see ladder.py).
 """
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
-
-from tqdm import tqdm
 
 import inspect_run
 import ladder
 import report
 import train
 from activations import check_variant
-from common import LOCK_FD_ENV, checkpoint_field, read_json, read_log, try_lock_run_dir, write_json
+from common import LOCK_FD_ENV, checkpoint_field, progress_bar, read_json, read_log, try_lock_run_dir, write_json
 from configurator import RunStopped, UserError, parse_args, run_cli
 from report import PER_RUN_KEYS, fmt_value
 
@@ -63,15 +78,19 @@ COMPARE_DEFAULTS = dict(
     seeds=1,  # number of seeds per variant: seed, seed+1, ...
     baseline='',  # the variant the others are compared with; '' = the first of variants
     smooth=0.9,  # EMA factor for the plotted training loss (per log line), 0 = raw
-    jobs=1,  # runs trained at the same time (CPU: up to the number of cores, with threads=1)
+    jobs=0,  # runs trained at the same time; 0 = one per visible GPU (per nproc_per_run GPUs), 1 on a CPU
     threads=0,  # OMP_NUM_THREADS for each run; 0 = leave the environment's setting
     # a scaling ladder (ladder.py): the comparison at several sizes, each in <out_dir>/<n_layer>x<n_embd>/
     sizes='',  # '' = one size (n_layer, n_embd, n_head as set); e.g. 2x64,3x96,4x128 (n_layer x n_embd [x n_head])
     tokens_per_param=0.0,  # 0 = max_iters at every size; K > 0: K tokens per non-embedding parameter of the baseline
     lr_rule='fixed',  # 'fixed': learning_rate at every size; 'width': learning_rate x first width / width
+    nproc_per_run=1,  # processes per run: more than 1 launches each run with torchrun (DDP on that many GPUs)
+    plan=False,  # print the command of every run still to do, one per line, for another scheduler; train nothing
+    report=False,  # build the summary and plots from finished run directories; train nothing
 )
 DEFAULTS = {**train.DEFAULTS, **COMPARE_DEFAULTS, 'out_dir': 'out-compare'}
 RECORD = 'compare.json'  # in each run directory: the settings it was started with, and how it ended
+WHERE_KEYS = ('out_dir', 'data_dir', 'init_from', 'overwrite')  # where a run lives and how it starts, not what it is
 STOPPED_EXIT = 3  # train.py's exit status for a run that stopped (non-finite loss)
 
 
@@ -96,8 +115,11 @@ def plan(cfg, given):
     baseline = cfg['baseline'] or variants[0]
     if baseline not in variants:
         raise UserError(f"--baseline={baseline} is not one of --variants ({','.join(variants)}); add it or pick one of them.")
-    if cfg['jobs'] < 1 or cfg['threads'] < 0:
-        raise UserError(f"--jobs must be at least 1 and --threads at least 0, got {cfg['jobs']} and {cfg['threads']}.")
+    if cfg['jobs'] < 0 or cfg['threads'] < 0 or cfg['nproc_per_run'] < 1:
+        raise UserError(f"--jobs and --threads must be at least 0 and --nproc_per_run at least 1, got "
+                        f"{cfg['jobs']}, {cfg['threads']} and {cfg['nproc_per_run']}.")
+    if cfg['plan'] and cfg['report']:
+        raise UserError("--plan lists the runs still to do and --report summarises finished ones; pass one of them.")
     if not 0.0 <= cfg['smooth'] < 1.0:
         raise UserError(f"--smooth must be in [0, 1), got {cfg['smooth']}.")
     if cfg['init_from'] != 'scratch':
@@ -113,7 +135,7 @@ def plan(cfg, given):
         for s in seeds:
             d = os.path.join(cfg['out_dir'], v, f'seed{s}')
             args = {**shared, 'ffn': v, 'seed': str(s), 'out_dir': d, **wandb_args(cfg, v, s)}
-            runs.append(dict(variant=v, seed=s, dir=d, args=args))
+            runs.append(dict(variant=v, seed=s, dir=d, processes=cfg['nproc_per_run'], args=args))
     return variants, seeds, baseline, runs
 
 
@@ -132,37 +154,129 @@ def wandb_args(cfg, variant, seed):
 def record_args(run):
     """The settings a run is identified by: its train.py arguments except where things are (out_dir, data_dir): a
     comparison or its data may be moved. The logs' batch_hash and val_hash still show whether the data is the same."""
-    # a key passed at its default value identifies the same run as the key left out; experiment tracking (wandb_*)
-    # does not change what is trained, so a run trained without it is reused with it and the other way round
-    return {k: v for k, v in run['args'].items() if k not in ('out_dir', 'data_dir') and not k.startswith('wandb_')
-            and v != train.DEFAULTS.get(k)}
+    # a key passed at its default value identifies the same run as the key left out
+    return {k: v for k, v in run['args'].items() if identifies(k) and v != train.DEFAULTS.get(k)}
+
+
+def identifies(key):
+    """Whether a train.py key is part of what a run is: not where it lives or how it starts (WHERE_KEYS), nor its
+    experiment tracking (wandb_*), which does not change what is trained: a run trained without it is reused with it
+    and the other way round."""
+    return key not in WHERE_KEYS and not key.startswith('wandb_')
+
+
+def full_settings(args, processes=1):
+    """A run's complete settings, typed: train.py's defaults with its arguments (text, as on a command line) on top,
+    and its number of processes, the keys that identify it only. None if they no longer parse (a key this code does not know)."""
+    try:
+        cfg, _ = parse_args(train.DEFAULTS, [f'--{k}={v}' for k, v in args.items()], types=train.TYPES)
+    except UserError:
+        return None
+    return {**{k: v for k, v in cfg.items() if identifies(k)}, 'processes': processes}
+
+
+def found_settings(d):
+    """The settings the run in directory d was trained with, whoever started it (compare.py here, or a --plan line
+    under another scheduler): its checkpoint's config, which train.py saves complete, else the compare.json that
+    compare.py writes before it starts a run; None if neither is there."""
+    config = checkpoint_field(d, 'config')
+    if config is not None:
+        full = {**train.DEFAULTS, **{k: v for k, v in config.items() if k in train.DEFAULTS}}
+        return {**{k: v for k, v in full.items() if identifies(k)},
+                'processes': checkpoint_field(d, 'world_size') or 1}
+    record = read_json(os.path.join(d, RECORD))
+    return full_settings(record.get('args', {}), record.get('processes', 1)) if record else None
 
 
 def run_state(run, max_iters):
     """'done' | 'stopped' | 'resume' | 'scratch' | 'mismatch' for a planned run, from what its directory holds."""
     d = run['dir']
-    record = read_json(os.path.join(d, RECORD))
     log = read_log(os.path.join(d, 'log.jsonl'))
-    has_ckpt = os.path.exists(os.path.join(d, 'ckpt.pt'))
-    if record is None:
-        return 'mismatch' if (log or has_ckpt) else 'scratch'  # a directory compare.py did not start
-    if record.get('args') != record_args(run):
+    found, wanted = found_settings(d), full_settings(run['args'], run['processes'])
+    if found is None:
+        return 'mismatch' if log else 'scratch'  # a log that does not say how it was made: not ours to replace
+    if found != wanted:
         return 'mismatch'
     if log and log[-1].get('iter') == max_iters and 'val_loss' in log[-1]:
         return 'done'
-    if record.get('status') == 'stopped':
+    record = read_json(os.path.join(d, RECORD)) or {}  # a stop is known only to the compare.py that ran it
+    recorded = full_settings(record.get('args', {}), record.get('processes', 1))
+    if record.get('status') == 'stopped' and recorded == wanted:
         return 'stopped'
-    return 'resume' if has_ckpt else 'scratch'
+    return 'resume' if os.path.exists(os.path.join(d, 'ckpt.pt')) else 'scratch'
 
 
 def describe_mismatch(run):
-    record = read_json(os.path.join(run['dir'], RECORD))
-    if record is None:
-        return f"{run['dir']} already holds a run that compare.py did not start"
-    old, new = record.get('args', {}), record_args(run)
-    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-    shown = ', '.join(f"{k}={old.get(k, 'default')} (now {new.get(k, 'default')})" for k in keys[:4])
+    found = found_settings(run['dir'])
+    if found is None:
+        return f"{run['dir']} holds a log.jsonl but no checkpoint or {RECORD} that says how it was trained"
+    wanted = full_settings(run['args'], run['processes'])
+    keys = sorted(k for k in wanted if found.get(k) != wanted[k])
+    shown = ', '.join(f"{k}={fmt_value(found.get(k))} (now {fmt_value(wanted[k])})" for k in keys[:4])
     return f"{run['dir']} was trained with other settings: {shown}"
+
+
+def train_command(run, mode):
+    """The exact command of one run: train.py with every setting explicit (so it does not depend on the defaults of
+    the code that runs it) and absolute paths (so it may run from any directory), through torchrun for several
+    processes. mode: 'scratch', 'resume' (from its checkpoint) or 'overwrite' (a run with other settings)."""
+    args = {**{k: fmt_value(v) for k, v in train.DEFAULTS.items()}, **run['args']}
+    args.update(out_dir=os.path.abspath(run['dir']), data_dir=os.path.abspath(args['data_dir']),
+                init_from='resume' if mode == 'resume' else 'scratch', overwrite=str(mode == 'overwrite'))
+    n = run['processes']
+    launch = [sys.executable] + (['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={n}']
+                                 if n > 1 else [])
+    return launch + [TRAIN_PY] + [f'--{k}={v}' for k, v in args.items()]
+
+
+def plan_line(run, mode, threads):
+    """A run's command as one shell line, with its thread count in front when --threads is set."""
+    prefix = f"OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} " if threads else ''
+    return prefix + shlex.join(train_command(run, mode))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# where runs go: the visible GPUs
+
+
+def visible_gpus():
+    """The GPUs this process may use, by the names a child's CUDA_VISIBLE_DEVICES must give them: the entries of our
+    own CUDA_VISIBLE_DEVICES (indices, UUIDs or MIG ids) when it is set, else 0..n-1."""
+    import torch
+    n = torch.cuda.device_count()  # counts only the usable entries of CUDA_VISIBLE_DEVICES
+    env = os.environ.get('CUDA_VISIBLE_DEVICES')
+    names = [d.strip() for d in env.split(',')] if env is not None else [str(i) for i in range(n)]
+    return names[:n]
+
+
+def placement(slots, gpus, nproc):
+    """The GPUs of each of `slots` runs trained at the same time: the GPUs cut into groups of nproc (one GPU per DDP
+    process), dealt round robin, so 8 runs on 4 GPUs are 2 per GPU. None per slot when there are no GPUs to place on."""
+    if not gpus:
+        return [None] * slots
+    groups = [gpus[i:i + nproc] for i in range(0, len(gpus) - nproc + 1, nproc)]
+    return [groups[s % len(groups)] for s in range(slots)]
+
+
+def job_env(gpus, threads):
+    """A run's environment: CUDA_VISIBLE_DEVICES names exactly its GPUs (which it then sees as cuda:0, cuda:1, ...),
+    and the number of CPU threads when one is set."""
+    env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
+    if gpus is not None:
+        env['CUDA_VISIBLE_DEVICES'] = ','.join(gpus)
+    if threads > 0:  # small CPU models: one thread per run, runs side by side, beats threads fighting for cores
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
+
+
+def resolve_jobs(cfg):
+    """The GPUs to place runs on (none for CPU runs, or for a device named explicitly, e.g. cuda:1) and the number of
+    runs at a time: --jobs, or with --jobs=0 one per group of nproc_per_run GPUs (1 without GPUs)."""
+    gpus = visible_gpus() if cfg['device'] in ('auto', 'cuda') else []
+    nproc = cfg['nproc_per_run']
+    if gpus and nproc > len(gpus):
+        raise UserError(f"--nproc_per_run={nproc} needs {nproc} GPUs per run but {len(gpus)} are visible; lower it.")
+    return gpus, cfg['jobs'] or (len(gpus) // nproc if gpus else 1)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -170,37 +284,34 @@ def describe_mismatch(run):
 
 
 class Job:
-    """One train.py run as a subprocess, its output appended to run_dir/train.out. `lock` is the run directory's lock
-    (common.try_lock_run_dir), taken by compare.py and handed to the child, so no other process can slip in between."""
+    """One train.py run as a subprocess on its GPUs (None: wherever --device says), output appended to
+    run_dir/train.out. `lock` is the run directory's lock (common.try_lock_run_dir), taken by compare.py and handed to
+    the child, so no other process can slip in between."""
 
-    def __init__(self, run, mode, threads, lock):
-        self.run, self.mode, self.t0 = run, mode, time.time()
+    def __init__(self, run, mode, threads, lock, slot, gpus):
+        self.run, self.mode, self.slot, self.gpus, self.t0 = run, mode, slot, gpus, time.time()
         d = run['dir']
         self.log_path, self.out_path = os.path.join(d, 'log.jsonl'), os.path.join(d, 'train.out')
         self.resumed_from = checkpoint_field(d, 'iter_num') if mode == 'resume' else None
-        args = dict(run['args'])
-        if mode == 'resume':
-            args['init_from'] = 'resume'
-        else:
-            args['overwrite'] = 'True'  # scratch: a run with other settings (--overwrite=True) or with no checkpoint
-        self.record = {'args': record_args(run), 'status': 'running'}
+        self.record = {'args': record_args(run), 'processes': run['processes'], 'status': 'running'}
         write_json(os.path.join(d, RECORD), self.record)
-        cmd = [sys.executable, TRAIN_PY] + [f'--{k}={v}' for k, v in args.items()]
-        env = {**os.environ, 'PYTHONUNBUFFERED': '1', LOCK_FD_ENV: str(lock.fileno())}
-        if threads > 0:  # small CPU models: one thread per run, runs side by side, beats threads fighting for cores
-            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        cmd, env, fds = train_command(run, mode), job_env(gpus, threads), ()
+        if run['processes'] == 1:
+            env[LOCK_FD_ENV], fds = str(lock.fileno()), (lock.fileno(),)
+        else:  # torchrun does not hand descriptors on to its workers: rank 0 takes the lock itself, a moment later
+            lock.close()
         with open(self.out_path, 'a') as out:
-            out.write(f"$ {' '.join(cmd)}\n")
+            out.write(f"$ {shlex.join(cmd)}\n")
             out.flush()
             try:
                 self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             env=env, pass_fds=(lock.fileno(),))
+                                             env=env, pass_fds=fds)
             finally:
                 lock.close()  # the child holds the lock now (one lock, shared), released when it exits
 
     @property
     def name(self):
-        return f"{self.run['variant']} seed {self.run['seed']}"
+        return f"{self.run['variant']} seed {self.run['seed']}" + (f" (GPU {','.join(self.gpus)})" if self.gpus else '')
 
     def progress(self):
         """'iter k' and the last training loss, from the run's log.jsonl."""
@@ -254,41 +365,45 @@ class Job:
         return line + (f", final val loss {val:.4f}" if val is not None else '')
 
 
-def train_all(todo, jobs, threads, statuses, pbar, max_iters):
-    """Run the (run, mode) pairs in todo, at most `jobs` at a time, and fill statuses. A run whose directory another
-    process owns (a second compare.py on the same out_dir, or a train.py) is left to it and taken up once that process
-    is done: reused if it finished, resumed if not. So two compare.py on one out_dir share the work."""
-    pending, active, waiting = list(todo), [], set()
+def train_all(todo, slots, threads, statuses, pbar, max_iters):
+    """Run the (run, mode) pairs in todo, one per slot at a time (slots: the GPUs of each, see placement), and fill
+    statuses; a finished run's slot, and so its GPUs, goes to the next run. A run whose directory another process
+    owns (a second compare.py on the same out_dir, or a train.py) is left to it and taken up once that process is
+    done: reused if it finished, resumed if not. So two compare.py on one out_dir share the work."""
+    pending, active, waiting, free = list(todo), [], set(), list(range(len(slots)))
     try:
         while pending or active:
             for run, mode in list(pending):
-                if len(active) >= jobs:
+                if not free:
                     break
                 lock, owner = try_lock_run_dir(run['dir'])
                 if lock is None:
                     if run['dir'] not in waiting:
                         waiting.add(run['dir'])
                         pbar.write(f"{run['variant']} seed {run['seed']}: {run['dir']} is in use by {owner}; "
-                                   f"waiting for it")
+                                   f"waiting for it", file=sys.stderr)
                     continue
                 pending.remove((run, mode))
                 state = run_state(run, max_iters)  # another process may have trained it meanwhile
                 if state in ('done', 'stopped'):
                     lock.close()
                     statuses[(run['variant'], run['seed'])] = state
-                    pbar.write(f"{run['variant']} seed {run['seed']}: reused ({state} by another process)")
+                    pbar.write(f"{run['variant']} seed {run['seed']}: reused ({state} by another process)",
+                               file=sys.stderr)
                     pbar.update(1)
                     continue
-                active.append(Job(run, state if state in ('resume', 'scratch') else mode, threads, lock))
+                slot = free.pop(0)
+                active.append(Job(run, state if state in ('resume', 'scratch') else mode, threads, lock, slot,
+                                  slots[slot]))
             time.sleep(0.5)
             for job in [j for j in active if j.proc.poll() is not None]:
                 active.remove(job)
+                free = sorted(free + [job.slot])
                 statuses[(job.run['variant'], job.run['seed'])] = job.finish()
-                pbar.write(job.report())
+                pbar.write(job.report(), file=sys.stderr)
                 pbar.update(1)
-            if active:
-                pbar.set_description(', '.join(j.name for j in active))
-                pbar.set_postfix_str('iter ' + ', '.join(j.progress() for j in active))
+            pbar.set_description(', '.join(j.name for j in active) or 'runs')
+            pbar.set_postfix_str('iter ' + ', '.join(j.progress() for j in active) if active else '')
     except BaseException as e:  # a failure or Ctrl-C: stop the other runs cleanly (they resume next time)
         for job in active:
             job.interrupt(signalled=isinstance(e, KeyboardInterrupt))
@@ -325,7 +440,7 @@ def check_dataset(cfg):
         if cfg['dataset'] not in BUNDLED:
             raise
         out = os.path.join(cfg['data_dir'], cfg['dataset'])
-        print(f"compare: preparing the bundled dataset {cfg['dataset']} into {out} (once, seconds)")
+        print(f"compare: preparing the bundled dataset {cfg['dataset']} into {out} (once, seconds)", file=sys.stderr)
         here = os.path.dirname(os.path.abspath(__file__))
         subprocess.run([sys.executable, os.path.join(here, 'data', cfg['dataset'], 'prepare.py'), f'--out_dir={out}'],
                        check=True, stdout=subprocess.DEVNULL)
@@ -360,44 +475,76 @@ def run_ladder(cfg, given):
         settings.append(s)
         print(f"compare: size {size['name']} (n_head {size['n_head']}, N = {n_params:,} non-embedding parameters, "
               f"{s.get('max_iters', cfg['max_iters'])} iterations, learning rate "
-              f"{s.get('learning_rate', cfg['learning_rate']):.3g})")
+              f"{s.get('learning_rate', cfg['learning_rate']):.3g})", file=sys.stderr)
         out_dir = os.path.join(cfg['out_dir'], size['name'])
         summaries.append(run_comparison({**cfg, **s, 'out_dir': out_dir}, set(given) | set(s)))
+    if cfg['plan']:  # the runs of every size are listed; the ladder's report waits for them
+        return
     lad = ladder.summarize(cfg, size_list, settings, summaries)
     write_json(os.path.join(cfg['out_dir'], 'summary.json'), lad)
     ladder.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), lad)
     ladder.plot(os.path.join(cfg['out_dir'], 'ladder.png'), lad)
-    print(f"wrote {cfg['out_dir']}/summary.md, summary.json, ladder.png (the ladder; each size's own in its directory)")
+    print(f"wrote {cfg['out_dir']}/summary.md, summary.json, ladder.png (the ladder; each size's own in its directory)",
+          file=sys.stderr)
 
 
 def run_comparison(cfg, given):
     """One comparison: plan the runs, reuse/resume/train them, write its report into out_dir; returns the summary."""
     variants, seeds, baseline, runs = plan(cfg, given)
     check_dataset(cfg)
-    os.makedirs(cfg['out_dir'], exist_ok=True)
-    max_iters = cfg['max_iters']
-    states = {id(r): run_state(r, max_iters) for r in runs}
+    states = {id(r): run_state(r, cfg['max_iters']) for r in runs}
     bad = [r for r in runs if states[id(r)] == 'mismatch']
     if bad and not cfg['overwrite']:
         raise UserError(f"{describe_mismatch(bad[0])}; use another --out_dir, or pass --overwrite=True to retrain "
                         f"the {len(bad)} run(s) whose settings differ.")
-    todo = sum(states[id(r)] not in ('done', 'stopped') for r in runs)
+    todo = [(r, 'overwrite' if states[id(r)] == 'mismatch' else states[id(r)]) for r in runs
+            if states[id(r)] not in ('done', 'stopped')]
+    if cfg['plan']:
+        return print_plan(todo, len(runs), cfg)
+    if cfg['report'] and todo:
+        raise UserError(f"--report: {len(todo)} of {len(runs)} runs are not finished "
+                        f"({describe_progress(todo[0][0])}); run the commands --plan prints, or drop --report to "
+                        f"train them here.")
+    gpus, cfg['jobs'] = resolve_jobs(cfg) if todo else ([], cfg['jobs'])
+    os.makedirs(cfg['out_dir'], exist_ok=True)
     print(f"compare: {len(variants)} variants x {len(seeds)} seed(s) = {len(runs)} runs into {cfg['out_dir']} "
-          f"({len(runs) - todo} to reuse, {todo} to train)")
+          f"({len(runs) - len(todo)} to reuse, {len(todo)} to train"
+          + (f", {cfg['jobs']} at a time on GPUs {','.join(gpus)}" if gpus and todo else '') + ')', file=sys.stderr)
     statuses = {}
     t0 = time.time()
-    pbar = tqdm(total=len(runs), desc='runs', unit='run', dynamic_ncols=True, file=sys.stdout)
+    pbar = progress_bar(len(runs), 'runs', unit='run')
     for run in runs:
         if states[id(run)] in ('done', 'stopped'):
             statuses[(run['variant'], run['seed'])] = states[id(run)]
-            pbar.write(f"{run['variant']} seed {run['seed']}: reused "
-                       f"({'finished' if states[id(run)] == 'done' else 'stopped: see its train.out'})")
+            how = 'finished' if states[id(run)] == 'done' else 'stopped: see its train.out'
+            pbar.write(f"{run['variant']} seed {run['seed']}: reused ({how})", file=sys.stderr)
             pbar.update(1)
-    todo = [(r, 'scratch' if states[id(r)] == 'mismatch' else states[id(r)]) for r in runs
-            if states[id(r)] not in ('done', 'stopped')]
-    train_all(todo, cfg['jobs'], cfg['threads'], statuses, pbar, max_iters)
+    train_all(todo, placement(cfg['jobs'], gpus, cfg['nproc_per_run']), cfg['threads'], statuses, pbar,
+              cfg['max_iters'])
     pbar.close()
+    summary = write_report(cfg, variants, seeds, baseline, runs, statuses)
+    print(f"wrote {cfg['out_dir']}/summary.md, summary.json, loss.png, acts.png ({time.time() - t0:.0f} s)",
+          file=sys.stderr)
+    return summary
 
+
+def describe_progress(run):
+    log = read_log(os.path.join(run['dir'], 'log.jsonl'))
+    return f"{run['dir']} is at iteration {log[-1].get('iter', 0)}" if log else f"{run['dir']} has not started"
+
+
+def print_plan(todo, n_runs, cfg):
+    """--plan: the command of every run still to do on stdout, one per line; what to do next on stderr."""
+    for run, mode in todo:
+        print(plan_line(run, mode, cfg['threads']))
+    print(f"compare: {len(todo)} of {n_runs} runs to do" + (
+        "; run these lines anywhere that sees this filesystem, then the same command with --report instead of --plan "
+        "builds the summary" if todo else ", all finished: --report instead of --plan builds the summary"),
+        file=sys.stderr)
+
+
+def write_report(cfg, variants, seeds, baseline, runs, statuses):
+    """summary.json, summary.md and loss.png into out_dir; the table (the results) on stdout."""
     summary, by_variant = report.summarize(cfg, variants, seeds, baseline, runs, statuses)
     report.plot(os.path.join(cfg['out_dir'], 'loss.png'), summary, by_variant, cfg)
     # what each variant's activation became (its first seed): acts.png, and how far it moved, for summary.md
@@ -410,7 +557,6 @@ def run_comparison(cfg, given):
     if summary['seed_std'] is not None:
         print(f"seed std of the final val loss {summary['seed_std']:.4f}, of the paired differences "
               f"{report.fmt_loss(summary['paired_diff_std'])}")
-    print(f"wrote {cfg['out_dir']}/summary.md, summary.json, loss.png, acts.png ({time.time() - t0:.0f} s)")
     return summary
 
 

@@ -19,7 +19,7 @@ out_dir = 'out-compare-owt-dense'
 variants = 'gelu,relu2,swiglu,polyrelu,polynorm,la,moa,moa_glu'
 baseline = 'gelu'
 seeds = 1
-jobs = 1  # one GPU: one run at a time
+jobs = 0  # one run per visible GPU at a time (on one GPU: one after another)
 
 device = 'cuda'
 compile = True

@@ -33,11 +33,11 @@ def args(data_dir, out_dir, *extra):
 
 
 def run_compare(argv):
-    """compare.main in this process; returns its stdout (the progress bar and the table)."""
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    """compare.main in this process; returns what it printed: its progress (stderr), then the table (stdout)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         compare.main(argv)
-    return buf.getvalue()
+    return err.getvalue() + out.getvalue()
 
 
 def read_log(path):

@@ -106,7 +106,7 @@ def test_tiny_ladder_end_to_end_and_reused(shakespeare_char_dir, tmp_path):
     assert poly['trend']['points'] == len(gaps) == 4
     # the same command again trains nothing: every run of both sizes is reused
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(buf):  # progress is on stderr
         compare.main(argv)
     assert buf.getvalue().count('(4 to reuse, 0 to train)') == 2
     with open(os.path.join(out, 'summary.json')) as f:

@@ -1,0 +1,261 @@
+"""Tests of running comparisons where users run them: runs placed on the visible GPUs (faked: this machine has none),
+`compare.py --plan` run by another scheduler (xargs -P here) and `--report` on the result, and progress output that
+keeps stdout for results and log files free of redrawn bars. Tiny models on the CPU: 2 variants x 2 seeds x 4
+iterations, trained twice (by compare.py itself and from the plan)."""
+import collections
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import common  # noqa: E402
+import compare  # noqa: E402
+import train  # noqa: E402
+from configurator import UserError, run_cli  # noqa: E402
+
+TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
+        '--lr_decay_iters=4', '--warmup_iters=1', '--eval_interval=2', '--eval_iters=2', '--log_interval=1',
+        '--device=cpu', '--compile=False', '--dtype=float32', '--variants=gelu,moa', '--seeds=2', '--threads=1']
+# the README's one-liner: each line of the plan is one `sh -c` command, two at a time
+XARGS = "xargs -d '\\n' -n 1 -P 2 sh -c < plan.txt"
+
+
+def compare_cmd(data_dir, out_dir, *extra):
+    return [sys.executable, os.path.join(REPO, 'compare.py'), f'--data_dir={data_dir}', f'--out_dir={out_dir}',
+            *TINY, *extra]
+
+
+def env():
+    e = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    e.pop('NANOFFN_NAN_AT', None)
+    return e
+
+
+def check(p):
+    assert p.returncode == 0, (p.stdout if isinstance(p.stdout, str) else '')[-2000:] + p.stderr[-3000:]
+    return p
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# all GPUs of a node: placement (4 GPUs faked by their count and CUDA_VISIBLE_DEVICES)
+
+
+@pytest.fixture
+def four_gpus(monkeypatch):
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '4,5,6,7')  # not 0..3: a child must be given the parent's names
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 4)
+    return ['4', '5', '6', '7']
+
+
+def test_eight_runs_on_four_gpus_are_two_per_gpu(four_gpus):
+    gpus, jobs = compare.resolve_jobs(dict(compare.DEFAULTS, device='auto', jobs=8))
+    assert gpus == four_gpus and jobs == 8
+    slots = compare.placement(jobs, gpus, 1)
+    envs = [compare.job_env(gpus_of_slot, threads=0) for gpus_of_slot in slots]
+    assert all(e['CUDA_VISIBLE_DEVICES'] in four_gpus for e in envs)  # exactly one GPU each
+    assert collections.Counter(e['CUDA_VISIBLE_DEVICES'] for e in envs) == {g: 2 for g in four_gpus}
+    # by default one run per GPU; DDP runs get GPUs of their own, in groups; a CPU run is not placed at all
+    assert compare.resolve_jobs(dict(compare.DEFAULTS, device='cuda', jobs=0)) == (four_gpus, 4)
+    assert compare.resolve_jobs(dict(compare.DEFAULTS, device='auto', jobs=0, nproc_per_run=2)) == (four_gpus, 2)
+    assert compare.placement(4, four_gpus, 2) == [['4', '5'], ['6', '7'], ['4', '5'], ['6', '7']]
+    assert compare.job_env(['6', '7'], threads=0)['CUDA_VISIBLE_DEVICES'] == '6,7'
+    assert compare.resolve_jobs(dict(compare.DEFAULTS, device='cpu', jobs=0)) == ([], 1)
+    assert compare.resolve_jobs(dict(compare.DEFAULTS, device='cuda:1', jobs=3)) == ([], 3)  # the user's choice
+    assert 'CUDA_VISIBLE_DEVICES' not in compare.job_env(None, threads=0).keys() - os.environ.keys()
+    with pytest.raises(UserError, match='nproc_per_run=8'):
+        compare.resolve_jobs(dict(compare.DEFAULTS, device='auto', nproc_per_run=8))
+
+
+class FakeProcess:
+    """Stands in for a train.py subprocess: keeps the GPU its environment names, exits after a few polls."""
+
+    def __init__(self, env, live):
+        self.gpu, self.returncode, self.live = env['CUDA_VISIBLE_DEVICES'], None, live
+        self.polls = 2 + len(live) % 3  # runs end at different times, so GPUs free up in a mixed order
+        live.append(self)
+        self.load = sum(p.gpu == self.gpu for p in live)  # runs on its GPU while it starts, itself included
+
+    def poll(self):
+        self.polls -= 1
+        if self.polls <= 0 and self.returncode is None:
+            self.returncode = 0
+            self.live.remove(self)
+        return self.returncode
+
+
+def test_train_all_keeps_two_runs_per_gpu(four_gpus, tmp_path, monkeypatch):
+    """12 runs, 8 at a time on 4 GPUs: a finished run's GPU goes to the next run, never a third run on one GPU."""
+    started, live = [], []
+
+    def popen(cmd, env, **kw):
+        started.append(FakeProcess(env, live))
+        return started[-1]
+
+    monkeypatch.setattr(compare.subprocess, 'Popen', popen)
+    monkeypatch.setattr(compare.time, 'sleep', lambda s: None)
+    runs = [dict(variant='gelu', seed=s, dir=str(tmp_path / f'seed{s}'), processes=1, args={'seed': str(s)})
+            for s in range(12)]
+    statuses = {}
+    compare.train_all([(r, 'scratch') for r in runs], compare.placement(8, four_gpus, 1), 0, statuses,
+                      common.PlainProgress(12, 'runs'))
+    assert len(started) == 12 and all(v == 'done' for v in statuses.values()) and len(statuses) == 12
+    assert max(p.load for p in started) == 2
+    assert collections.Counter(p.gpu for p in started[:8]) == {g: 2 for g in four_gpus}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# any scheduler: --plan, run the lines elsewhere (xargs -P), --report; the same summary as compare.py running them
+
+
+def run_main(argv):
+    """compare.main in this process: (stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        compare.main(argv)
+    return out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope='module')
+def planned(shakespeare_char_dir, tmp_path_factory):
+    """The same tiny comparison twice: `python compare.py > out.txt` (it trains the runs itself), and --plan, the plan
+    run by xargs -P 2 from another directory, then --report."""
+    root = tmp_path_factory.mktemp('cluster')
+    local, elsewhere = str(root / 'local'), str(root / 'elsewhere')
+    with open(root / 'out.txt', 'w') as out:
+        p = check(subprocess.run(compare_cmd(shakespeare_char_dir, local), stdout=out, stderr=subprocess.PIPE,
+                                 text=True, env=env(), cwd=REPO))
+    plan = run_main(compare_cmd(shakespeare_char_dir, elsewhere, '--plan=True')[2:])
+    (root / 'plan.txt').write_text(plan[0])
+    ran = check(subprocess.run(XARGS, shell=True, capture_output=True, text=True, env=env(), cwd=root))
+    report = run_main(compare_cmd(shakespeare_char_dir, elsewhere, '--report=True')[2:])
+    return dict(root=root, data=shakespeare_char_dir, local=local, elsewhere=elsewhere, local_err=p.stderr,
+                out=(root / 'out.txt').read_text(), plan=plan, ran=ran, report=report)
+
+
+def test_plan_lists_every_run_with_every_setting(planned):
+    lines = planned['plan'][0].splitlines()
+    assert len(lines) == 4  # 2 variants x 2 seeds, nothing else on stdout
+    dirs = [os.path.join(planned['elsewhere'], v, f'seed{s}') for v in ('gelu', 'moa') for s in (1337, 1338)]
+    for line, d in zip(lines, dirs):
+        assert line.startswith(f'OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 {sys.executable} {compare.TRAIN_PY} --')
+        assert f'--out_dir={d} ' in line and os.path.isabs(d)
+        assert all(f' --{k}=' in line for k in train.DEFAULTS)  # every setting explicit
+        assert '--init_from=scratch' in line and '--overwrite=False' in line
+    assert '4 of 4 runs to do' in planned['plan'][1]
+
+
+def strip_paths_and_times(summary):
+    for s in summary['variants'].values():
+        s.pop('tok_s'), s.pop('train_time_s')
+        for r in s['runs']:
+            r.pop('dir'), r.pop('tok_s'), r.pop('train_time_s')
+    return summary
+
+
+def test_report_of_planned_runs_equals_compare_running_them(planned):
+    a, b = (json.load(open(os.path.join(d, 'summary.json'))) for d in (planned['local'], planned['elsewhere']))
+    assert a['variants']['moa']['diff_to_baseline']['std'] is not None  # two seeds: the statistics are there
+    assert strip_paths_and_times(b) == strip_paths_and_times(a)
+    assert '(4 to reuse, 0 to train)' in planned['report'][1]
+    # recognised by the settings their checkpoints hold: compare.py never wrote a record for them
+    assert not any('compare.json' in files for _, _, files in os.walk(planned['elsewhere']))
+    assert '| moa |' in planned['report'][0]
+    # nothing is left to do: planning again lists nothing
+    again = run_main(compare_cmd(planned['data'], planned['elsewhere'], '--plan=True')[2:])
+    assert again[0] == '' and '0 of 4 runs to do' in again[1]
+
+
+@pytest.mark.parametrize('extra, words', [
+    (['--learning_rate=0.01'], 'learning_rate=0.002 (now 0.01)'),  # read from the checkpoints' config
+    (['--nproc_per_run=2'], 'processes=1 (now 2)'),  # the checkpoints' world size
+])
+def test_runs_done_elsewhere_are_checked_like_local_ones(planned, extra, words, capsys):
+    argv = compare_cmd(planned['data'], planned['elsewhere'], '--report=True', *extra)[2:]
+    with pytest.raises(SystemExit) as e:
+        run_cli(compare.main, argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_report_refuses_unfinished_runs(planned, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        run_cli(compare.main, compare_cmd(planned['data'], str(tmp_path / 'none'), '--report=True')[2:])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and '4 of 4 runs are not finished' in err and '--plan' in err
+    assert not os.path.exists(tmp_path / 'none')
+
+
+def test_plan_of_ddp_runs_launches_torchrun(planned, tmp_path):
+    """--nproc_per_run=2: each run is a torchrun of 2 processes (the DDP run itself is tested in test_train.py)."""
+    lines = run_main(compare_cmd(planned['data'], str(tmp_path / 'ddp'), '--plan=True', '--nproc_per_run=2')[2:])[0]
+    lines = lines.splitlines()
+    assert len(lines) == 4 and all(f'{sys.executable} -m torch.distributed.run --standalone --nproc_per_node=2 '
+                                   f'{compare.TRAIN_PY} ' in line for line in lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# output that behaves in logs
+
+
+def test_stdout_holds_only_results(planned):
+    """`python compare.py > out.txt`: the table in out.txt; progress, as plain lines, on stderr."""
+    out, err = planned['out'], planned['local_err']
+    assert out.strip().startswith('| variant |') and '| gelu |' in out and '| moa |' in out
+    assert '\r' not in out and 'runs' not in out and '%' not in out and 'compare:' not in out
+    assert '\r' not in err and 'runs: 100% 4/4' in err and '(0 to reuse, 4 to train)' in err
+    for v in ('gelu', 'moa'):  # train.py's output in a file (its train.out): plain progress lines, no redraws
+        text = open(os.path.join(planned['local'], v, 'seed1337', 'train.out')).read()
+        assert '\r' not in text and 'train: 100% 4/4' in text and 'iter 4: train loss' in text
+    assert '\r' not in planned['ran'].stderr and 'train: 100% 4/4' in planned['ran'].stderr
+
+
+def test_plain_progress_lines_are_occasional(monkeypatch, capsys):
+    clock = types.SimpleNamespace(time=lambda: now)
+    monkeypatch.setattr(common, 'time', clock)
+    now = 0.0
+    bar = common.progress_bar(10, 'train')  # stderr is not a terminal here
+    assert isinstance(bar, common.PlainProgress)
+    for i in range(10):
+        now = 10.0 * (i + 1)  # 10 s per step: a line once PLAIN_EVERY = 30 s have passed since the last one
+        bar.set_postfix(loss=f'{10 - i}')
+        bar.update()
+    bar.close()
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == '' and [line.split(' [')[0] for line in lines] == ['train:  30% 3/10', 'train:  60% 6/10',
+                                                                       'train:  90% 9/10', 'train: 100% 10/10']
+    assert lines[-1].endswith('loss=1]')
+
+
+def test_bar_on_a_terminal_redraws_on_stderr_only(shakespeare_char_dir, tmp_path):
+    """train.py with stderr on a terminal (a pty): the bar is redrawn there; stdout (a file) gets no bar text."""
+    import fcntl, struct, termios  # POSIX only
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack('HHHH', 24, 100, 0, 0))  # a 100-column terminal
+    cmd = [sys.executable, os.path.join(REPO, 'train.py'), f'--data_dir={shakespeare_char_dir}',
+           f'--out_dir={tmp_path}', *[a for a in TINY if not a.startswith(('--variants', '--seeds', '--threads'))]]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave, text=True, env=env())
+    os.close(slave)
+    tty = b''
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        tty += chunk
+    os.close(master)
+    out = p.communicate()[0]
+    assert p.returncode == 0, tty.decode(errors='replace')
+    assert b'\r' in tty and b'4/4' in tty
+    assert '\r' not in out and '4/4' not in out and 'iter 4: train loss' in out and 'done: 4 iterations' in out
