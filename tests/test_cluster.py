@@ -106,7 +106,7 @@ def test_train_all_keeps_two_runs_per_gpu(four_gpus, tmp_path, monkeypatch):
             for s in range(12)]
     statuses = {}
     compare.train_all([(r, 'scratch') for r in runs], compare.placement(8, four_gpus, 1), 0, statuses,
-                      common.PlainProgress(12, 'runs'))
+                      common.PlainProgress(12, 'runs'), max_iters=4)
     assert len(started) == 12 and all(v == 'done' for v in statuses.values()) and len(statuses) == 12
     assert max(p.load for p in started) == 2
     assert collections.Counter(p.gpu for p in started[:8]) == {g: 2 for g in four_gpus}
