@@ -251,7 +251,7 @@ class PlainProgress:
     def __init__(self, total, desc, initial=0, unit='it', disable=False):
         self.total, self.desc, self.unit, self.disable = total, desc, unit, disable
         self.n = self.initial = initial
-        self.postfix, self.t0 = '', time.time()
+        self.postfix, self.t0, self.leave = '', time.time(), True  # leave=False: no closing line, as tqdm's
         self.shown_t, self.shown_n = self.t0, initial
 
     def update(self, n=1):
@@ -281,5 +281,5 @@ class PlainProgress:
                   file=sys.stderr, flush=True)
 
     def close(self):
-        if self.n != self.shown_n:  # where it ended, unless the last line already said so
+        if self.leave and self.n != self.shown_n:  # where it ended, unless the last line already said so
             self.show()

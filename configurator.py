@@ -8,8 +8,8 @@ with '_' are private helpers and are ignored. Then each --key=value override is 
 
 Values are parsed with ast.literal_eval and must match the type of the key's default: an int key
 takes 12 or 1e4 (an integral float is fine) but not 3.5 (never silently truncated); a float key takes
-3 or 6e-4; a bool key takes True/False (also true/false/1/0); a str key takes the text as written
-(--dataset=shakespeare_char, no quotes needed). A key whose default is None means "auto"; its type is
+3 or 6e-4; a bool key takes True/False (also true/false/1/0; --key alone means --key=True); a str key
+takes the text as written (--dataset=shakespeare_char, no quotes needed). A key whose default is None means "auto"; its type is
 given in `types` and it also accepts the words auto/None.
 
 A config file that calls sys.exit("why") stops the command before anything runs: like any other mistake in a
@@ -172,6 +172,9 @@ def parse_args(defaults, argv, types=None, prog='train.py', doc=''):
                     config[key] = coerce(key, value, _type_of(key, defaults, types), defaults[key], f"{arg}: ")
                     given.add(key)
             continue
+        flag = arg[2:].replace('-', '_')
+        if arg.startswith('--') and '=' not in arg and flag in defaults and _type_of(flag, defaults, types) is bool:
+            arg = f'--{flag}=True'  # a bool key alone switches it on: --plan means --plan=True
         if not arg.startswith('--') or '=' not in arg:
             raise UserError(f"cannot read argument '{arg}'; write overrides as --key=value (e.g. --n_layer=4).")
         key, text = arg[2:].split('=', 1)

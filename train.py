@@ -588,6 +588,9 @@ class Trainer:
                     self.best_val_loss = min(self.best_val_loss, val_loss)
                     self.save_checkpoint(val_loss)
                 window, t_window = [], time.time()  # evaluation and checkpoint time is not step time
+        except BaseException:
+            pbar.leave = False  # a run that stops says one sentence on stderr: the bar makes way for it
+            raise
         finally:
             pbar.close()
             if self.master:

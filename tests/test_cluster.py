@@ -133,10 +133,10 @@ def planned(shakespeare_char_dir, tmp_path_factory):
     with open(root / 'out.txt', 'w') as out:
         p = check(subprocess.run(compare_cmd(shakespeare_char_dir, local), stdout=out, stderr=subprocess.PIPE,
                                  text=True, env=env(), cwd=REPO))
-    plan = run_main(compare_cmd(shakespeare_char_dir, elsewhere, '--plan=True')[2:])
+    plan = run_main(compare_cmd(shakespeare_char_dir, elsewhere, '--plan')[2:])  # a bool key alone: True
     (root / 'plan.txt').write_text(plan[0])
     ran = check(subprocess.run(XARGS, shell=True, capture_output=True, text=True, env=env(), cwd=root))
-    report = run_main(compare_cmd(shakespeare_char_dir, elsewhere, '--report=True')[2:])
+    report = run_main(compare_cmd(shakespeare_char_dir, elsewhere, '--report')[2:])
     return dict(root=root, data=shakespeare_char_dir, local=local, elsewhere=elsewhere, local_err=p.stderr,
                 out=(root / 'out.txt').read_text(), plan=plan, ran=ran, report=report)
 
@@ -184,6 +184,13 @@ def test_runs_done_elsewhere_are_checked_like_local_ones(planned, extra, words, 
         run_cli(compare.main, argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_bool_key_alone_switches_it_on():
+    cfg, given = compare.parse_args(compare.DEFAULTS, ['--plan'], types=train.TYPES)
+    assert cfg['plan'] is True and cfg['report'] is False and given == {'plan'}
+    with pytest.raises(UserError, match='--key=value'):  # any other key still needs its value
+        compare.parse_args(compare.DEFAULTS, ['--n_layer'], types=train.TYPES)
 
 
 def test_report_refuses_unfinished_runs(planned, tmp_path, capsys):
@@ -234,6 +241,11 @@ def test_plain_progress_lines_are_occasional(monkeypatch, capsys):
     assert out == '' and [line.split(' [')[0] for line in lines] == ['train:  30% 3/10', 'train:  60% 6/10',
                                                                        'train:  90% 9/10', 'train: 100% 10/10']
     assert lines[-1].endswith('loss=1]')
+    stopped = common.progress_bar(10, 'train')
+    stopped.update()
+    stopped.leave = False  # what train.py sets when the run stops: its one-sentence error is all stderr says
+    stopped.close()
+    assert capsys.readouterr().err == ''
 
 
 def test_bar_on_a_terminal_redraws_on_stderr_only(shakespeare_char_dir, tmp_path):
