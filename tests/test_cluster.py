@@ -154,10 +154,15 @@ def test_plan_lists_every_run_with_every_setting(planned):
 
 
 def strip_paths_and_times(summary):
+    """A summary without what depends on where the runs are and how fast the machine was at the time."""
     for s in summary['variants'].values():
         s.pop('tok_s'), s.pop('train_time_s')
+        if s['matched']:  # the time-matched part of the verdicts
+            s['matched'].pop('seconds_ratio'), s['matched'].pop('loss_at_base_time')
         for r in s['runs']:
             r.pop('dir'), r.pop('tok_s'), r.pop('train_time_s')
+    for a in summary['acts'].values():
+        a.pop('run')
     return summary
 
 
