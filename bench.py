@@ -5,6 +5,7 @@ Benchmark the FFN variants against each other on one model shape, in one process
     python bench.py --variants=polynorm,moa --compile=True    # gelu (and swiglu for gated variants) come along
     python bench.py --profile=polynorm --compile=True         # torch.profiler: top ops by self CPU time vs gelu
     python bench.py --variants=gelu,swiglu --n_expert=8       # MoE models, each also against its dense twin
+    python bench.py --compile_time=True --variants=gelu,moa   # compile seconds: whole vs regional, cold vs warm cache
     python bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 \\
         --vocab_size=50257 --batch_size=16                    # the ~124M dense model on a GPU
 
@@ -27,6 +28,14 @@ For each variant, and for each of eager / compiled, on the same GPT shape and th
     in the same interleaved rounds, giving the MoE/dense step-time ratio.
 Prints a markdown table and writes everything, raw step times included, to the JSON file `json`.
 
+--compile_time=True measures instead what compiling costs, for each variant and each of whole-model and regional
+compilation (common.compile_model): a fresh Python process builds the model and times its first training step (which
+compiles forward and backward), the next `warmup` steps (the step time, compiled) and its first evaluation forward
+(no_grad, eval mode: a graph of its own), and reads Dynamo's compile seconds and the FX graph / AOTAutograd cache
+counters (common.compile_stats). Cold: the process starts on an empty cache directory. Warm: a second process on the
+directory the cold one filled, as every later run of the same variant finds it. The processes are interleaved
+(variant by variant: whole cold, regional cold, whole warm, regional warm), each with `threads` threads.
+
 Settings: --key=value overrides of the defaults below (see configurator.py), plus every field of model.GPTConfig
 except ffn (the variants choose it).
 """
@@ -35,7 +44,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 from datetime import datetime, timezone
@@ -43,7 +54,7 @@ from datetime import datetime, timezone
 import torch
 
 from activations import VARIANTS, check_variant
-from common import resolve_device, resolve_dtype
+from common import COMPILE_MODES, compile_model, compile_stats, resolve_device, resolve_dtype
 from configurator import UserError, parse_args, run_cli
 from model import GPT, GPTConfig
 
@@ -63,6 +74,8 @@ BENCH_DEFAULTS = dict(
     profile_steps=5,  # profiled steps per model
     profile_rows=15,  # rows of the profiler's table
     seed=1337,
+    compile_mode="regional",  # regional (every Block) | whole (the GPT): what --compile=True compiles
+    compile_time=False,  # measure compile time (cold and warm cache, whole vs regional) instead of step time
     threads=0,  # CPU threads for torch (0: torch's default). On a CPU shared with other jobs, 1 avoids the
     #             OpenMP threads waiting on each other, which can make small steps many times slower
 )
@@ -125,6 +138,8 @@ def resolve(cfg):
             raise UserError(f"--{key} must be at least 1, got {cfg[key]}.")
     if cfg["warmup"] < 1:  # the first step compiles and allocates: it must never be timed
         raise UserError(f"--warmup must be at least 1, got {cfg['warmup']}.")
+    if cfg["compile_mode"] not in COMPILE_MODES:
+        raise UserError(f"--compile_mode expects {' or '.join(COMPILE_MODES)}, got '{cfg['compile_mode']}'.")
     if cfg["profile"] and cfg["profile"] not in VARIANTS:
         raise UserError(f"--profile expects one variant of: {', '.join(names)}; got '{cfg['profile']}'.")
     return variants, modes, device, dtype
@@ -159,9 +174,9 @@ class Bench:
         torch.manual_seed(cfg["seed"])
         self.variant, self.compiled, self.device = variant, compiled, device
         self.model = GPT(config).to(device).train()
-        # dynamic=False: the variants' shapes differ (gated FFNs are narrower), and Dynamo's automatic dynamic
-        # shapes would otherwise recompile a later variant with symbolic sizes — slower kernels, unfair timing
-        self.forward = torch.compile(self.model, dynamic=False) if compiled else self.model
+        # compile_model uses dynamic=False: the variants' shapes differ (gated FFNs are narrower), and Dynamo's
+        # automatic dynamic shapes would otherwise recompile a later variant with symbolic sizes: slower kernels
+        self.forward = compile_model(self.model, cfg["compile_mode"]) if compiled else self.model
         device_type = device.split(":")[0]
         self.opt = self.model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type) if cfg["optimizer"] else None
         self.ctx = (torch.autocast(device_type=device_type, dtype=torch.bfloat16) if dtype == "bfloat16"
@@ -362,6 +377,78 @@ def benchmark(cfg, log=print):
 
 
 # -----------------------------------------------------------------------------
+# compile time: whole-model vs regional, cold vs warm cache, each measured in a fresh process
+
+
+def compile_probe(cfg, variant, mode):
+    """Run in a fresh process: compile `variant` in `mode`, time its first training step (compiles forward and
+    backward), the next `warmup` steps, and the first evaluation forward (compiles the no_grad eval graph)."""
+    _, _, device, dtype = resolve(cfg)
+    set_threads(cfg)
+    x, y = make_batch(cfg, device)
+    b = Bench(variant, True, {**cfg, "compile_mode": mode}, device, dtype)
+    first_step = timed_step(b, x, y)
+    step = statistics.median(timed_step(b, x, y) for _ in range(cfg["warmup"]))
+    b.model.eval()
+    sync(device)
+    t0 = time.perf_counter()
+    with torch.no_grad(), b.ctx:
+        b.forward(x, y)
+    sync(device)
+    first_eval = time.perf_counter() - t0
+    # compile seconds as the run sees them: what the first step and the first evaluation cost beyond a compiled step
+    return dict(variant=variant, mode=mode, first_step_s=first_step, step_s=step, first_eval_s=first_eval,
+                wall_compile_s=first_step - step + first_eval, **compile_stats())
+
+
+PROBE = "import bench, json, sys; print(json.dumps(bench.compile_probe(json.loads(sys.argv[1]), *sys.argv[2:])))"
+
+
+def compile_times(cfg, log=print):
+    """compile_probe for every variant x (whole, regional) x (cold, warm cache); returns the JSON-able report."""
+    variants, _, device, _ = resolve(cfg)
+    here = os.path.dirname(os.path.abspath(__file__))
+    load_before, t0, results = os.getloadavg(), time.time(), []
+    with tempfile.TemporaryDirectory(prefix="nanoffn-compile-cache-") as tmp:
+        for variant in variants:
+            for cache in ("cold", "warm"):  # warm: the directory the cold process of the same mode filled
+                for mode in COMPILE_MODES:
+                    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, f"{variant}-{mode}")}
+                    p = subprocess.run([sys.executable, "-c", PROBE, json.dumps(cfg), variant, mode], cwd=here,
+                                       env=env, capture_output=True, text=True)
+                    if p.returncode != 0:
+                        raise RuntimeError(f"compile probe {variant} {mode} failed:\n{p.stderr[-3000:]}")
+                    r = dict(json.loads(p.stdout.strip().splitlines()[-1]), cache=cache)
+                    results.append(r)
+                    log(f"{variant:13s} {mode:8s} {cache}: compile {r['wall_compile_s']:.1f} s, "
+                        f"step {r['step_s'] * 1e3:.0f} ms")
+    return dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                command="python bench.py " + " ".join(cfg.get("_argv", [])), machine=machine(device),
+                load_average=dict(start=load_before, end=os.getloadavg()), wall_s=time.time() - t0,
+                model={k: cfg[k] for k in MODEL_DEFAULTS}, results=results)
+
+
+def compile_table(results):
+    """One row per variant and mode: compile seconds cold and warm, and the ratios the two questions ask:
+    regional / whole (cold) and warm / cold."""
+    at = {(r["variant"], r["mode"], r["cache"]): r for r in results}
+    head = ["variant", "mode", "cold compile s", "warm compile s", "warm / cold", "regional / whole (cold)",
+            "step ms", "graphs", "warm FX hits", "warm AOT hits"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (variant, mode, cache), cold in at.items():
+        if cache != "cold":
+            continue
+        warm, whole = at[(variant, mode, "warm")], at[(variant, "whole", "cold")]
+        row = [variant, mode, f"{cold['wall_compile_s']:.1f}", f"{warm['wall_compile_s']:.1f}",
+               f"{warm['wall_compile_s'] / cold['wall_compile_s']:.2f}",
+               f"{cold['wall_compile_s'] / whole['wall_compile_s']:.2f}", f"{cold['step_s'] * 1e3:.1f}",
+               f"{cold['graphs']}", f"{warm['fx_cache_hit']}/{warm['fx_cache_hit'] + warm['fx_cache_miss']}",
+               f"{warm['aot_cache_hit']}/{warm['aot_cache_hit'] + warm['aot_cache_miss']}"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+# -----------------------------------------------------------------------------
 # the profile: what one variant's step spends its time on, next to its baseline's
 
 
@@ -405,6 +492,11 @@ def main(argv):
     if cfg["profile"]:
         profile(cfg)
         return
+    if cfg["compile_time"]:
+        report = compile_times(cfg, log=lambda s: print(s, file=sys.stderr))
+        print(compile_table(report["results"]))
+        write_report(cfg, report)
+        return
     report = benchmark(cfg, log=lambda s: print(s, file=sys.stderr))
     m = report["machine"]
     print(f"\n{m['device_name']} ({m['device']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads), "
@@ -412,6 +504,10 @@ def main(argv):
           f"{cfg['repeats']} interleaved repeats after {cfg['warmup']} warm-up steps, load average "
           f"{report['load_average']['start'][0]:.2f} → {report['load_average']['end'][0]:.2f}\n")
     print(markdown_table(report["results"]))
+    write_report(cfg, report)
+
+
+def write_report(cfg, report):
     if cfg["json"]:
         os.makedirs(os.path.dirname(cfg["json"]) or ".", exist_ok=True)
         with open(cfg["json"], "w") as f:

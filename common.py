@@ -57,6 +57,68 @@ def autocast(device_type, dtype):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# torch.compile: how a model is compiled, and where the compiled code is kept
+
+COMPILE_MODES = ('regional', 'whole')
+
+
+def compile_model(model, mode):
+    """Compile a GPT for training; returns what to call in place of the model.
+    regional: every transformer Block is compiled in place (nn.Module.compile). The blocks run the same code on
+      parameters of the same shapes, and Dynamo passes a module's parameters to the graph as inputs, so ONE compiled
+      graph serves every layer: compile time does not grow with depth. The embedding, final norm and loss stay eager,
+      and the model's state_dict keeps its plain keys. This is PyTorch's "regional compilation" recipe.
+    whole: torch.compile of the whole GPT (one graph with the loss in it; the returned module is a wrapper whose
+      state_dict keys start with '_orig_mod.'). Compiles every layer's code into one graph: more compile time, but
+      Inductor can fuse across block boundaries and into the loss.
+    dynamic=False: shapes never change within a run (every batch is batch_size x block_size), so Dynamo specialises
+    once instead of recompiling with symbolic sizes when a second shape shows up."""
+    enable_compile_cache()
+    if mode == 'whole':
+        return torch.compile(model, dynamic=False)
+    for block in model.transformer.h:
+        block.compile(dynamic=False)
+    return model
+
+
+def compile_cache_dir():
+    """Where torch.compile's on-disk caches live: $TORCHINDUCTOR_CACHE_DIR if set, else
+    $XDG_CACHE_HOME/nanoffn/torchinductor (~/.cache/nanoffn/torchinductor). Inductor keeps there its FX graph cache
+    (graph -> generated kernels), the AOTAutograd cache (forward + backward graphs) and the built C++/Triton kernels,
+    so a graph compiled by one run is loaded, not compiled again, by every later run or process on the machine that
+    traces the same graph (another seed, the same variant in another comparison). Clearing it is safe:
+    rm -rf ~/.cache/nanoffn/torchinductor (the next compile rebuilds what it needs)."""
+    if os.environ.get('TORCHINDUCTOR_CACHE_DIR'):
+        return os.environ['TORCHINDUCTOR_CACHE_DIR']
+    base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+    return os.path.join(base, 'nanoffn', 'torchinductor')
+
+
+def enable_compile_cache():
+    """Point Inductor at compile_cache_dir() (it reads the variable when it first compiles) and switch on the FX graph
+    and AOTAutograd caches (on by default in recent torch; set here so an older one caches too)."""
+    os.environ['TORCHINDUCTOR_CACHE_DIR'] = compile_cache_dir()
+    import torch._functorch.config
+    import torch._inductor.config
+    torch._inductor.config.fx_graph_cache = True
+    torch._functorch.config.enable_autograd_cache = True
+
+
+def compile_stats():
+    """What torch.compile did in this process so far, from Dynamo's own counters and compile metrics: graphs compiled
+    (one per distinct graph; a recompile adds one), seconds spent compiling (tracing, forward and backward), and the
+    local cache hits and misses of the FX graph cache and the AOTAutograd cache."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+    seconds = sum(compilation_time_metrics.get('_compile.compile_inner', []))
+    seconds += sum(compilation_time_metrics.get('backward._backward_impl', []))  # a backward compiled at first use
+    return {'graphs': counters['stats']['unique_graphs'], 'compile_s': round(seconds, 2),
+            'fx_cache_hit': counters['inductor']['fxgraph_cache_hit'],
+            'fx_cache_miss': counters['inductor']['fxgraph_cache_miss'],
+            'aot_cache_hit': counters['aot_autograd']['autograd_cache_hit'],
+            'aot_cache_miss': counters['aot_autograd']['autograd_cache_miss']}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # checkpoints
 
 

@@ -48,6 +48,10 @@ prints the table on stdout (progress goes to stderr, so `python compare.py > sum
 All numbers come from the runs' own log.jsonl files (acts.png: their checkpoints), so the same runs always give the
 same summary.
 
+With --compile=True the runs share torch.compile's on-disk cache (common.compile_cache_dir(); clear it with
+rm -rf ~/.cache/nanoffn/torchinductor): runs are started seed by seed, so the first seed compiles each variant's
+graphs once and the other seeds load them from the cache.
+
 A scaling ladder (--sizes=2x64,3x96,4x128, n_layer x n_embd [x n_head]): the same comparison at every size, each an
 ordinary comparison in <out_dir>/<size>/ (reused and resumed as above, so adding a size extends a ladder), with the
 token budget fixed (max_iters) or --tokens_per_param=K, and the learning rate fixed or --lr_rule=width; then
@@ -66,7 +70,8 @@ import ladder
 import report
 import train
 from activations import check_variant
-from common import LOCK_FD_ENV, checkpoint_field, progress_bar, read_json, read_log, try_lock_run_dir, write_json
+from common import (LOCK_FD_ENV, checkpoint_field, compile_cache_dir, progress_bar, read_json, read_log,
+                    try_lock_run_dir, write_json)
 from configurator import RunStopped, UserError, parse_args, run_cli
 from report import PER_RUN_KEYS, fmt_value
 
@@ -260,8 +265,10 @@ def placement(slots, gpus, nproc):
 
 def job_env(gpus, threads):
     """A run's environment: CUDA_VISIBLE_DEVICES names exactly its GPUs (which it then sees as cuda:0, cuda:1, ...),
-    and the number of CPU threads when one is set."""
-    env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
+    and the number of CPU threads when one is set. With --compile=True every run loads what an earlier one compiled
+    from the one on-disk cache: a second seed of a variant traces the same graphs, so it is served from the cache
+    (seconds) instead of compiling again."""
+    env = {**os.environ, 'PYTHONUNBUFFERED': '1', 'TORCHINDUCTOR_CACHE_DIR': compile_cache_dir()}
     if gpus is not None:
         env['CUDA_VISIBLE_DEVICES'] = ','.join(gpus)
     if threads > 0:  # small CPU models: one thread per run, runs side by side, beats threads fighting for cores
@@ -499,6 +506,9 @@ def run_comparison(cfg, given):
                         f"the {len(bad)} run(s) whose settings differ.")
     todo = [(r, 'overwrite' if states[id(r)] == 'mismatch' else states[id(r)]) for r in runs
             if states[id(r)] not in ('done', 'stopped')]
+    # seed by seed: the runs side by side are different variants, so under --compile=True no two processes compile the
+    # same graph at once, and every later seed finds its variant's graphs in the shared compile cache
+    todo.sort(key=lambda job: job[0]['seed'])
     if cfg['plan']:
         return print_plan(todo, len(runs), cfg)
     if cfg['report'] and todo:

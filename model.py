@@ -451,14 +451,17 @@ class GPT(nn.Module):
     @torch.no_grad()
     def ffn_inputs(self, idx):
         """Every block's FFN input x (after the block's norm), (B, T, d) per layer, from one eager no-grad pass over
-        idx in eval mode: forward pre-hooks on block.ffn catch them without touching the forward code."""
+        idx in eval mode: forward pre-hooks on block.ffn catch them without touching the forward code. Blocks compiled
+        in place (regional compilation) run eagerly here: the hooks and eval mode would otherwise send Dynamo into
+        compiling a graph that training never uses."""
         ffn_inputs = []
         hooks = [block.ffn.register_forward_pre_hook(lambda module, args: ffn_inputs.append(args[0]))
                  for block in self.transformer.h]
         was_training = self.training
         self.eval()
         try:
-            self(idx)
+            with torch.compiler.set_stance("force_eager"):
+                self(idx)
         finally:
             self.train(was_training)
             for hook in hooks:

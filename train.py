@@ -47,8 +47,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (autocast, load_checkpoint, lock_run_dir, model_state, progress_bar, read_log_lines, resolve_device,
-                    resolve_dtype, save_checkpoint)
+from common import (COMPILE_MODES, autocast, compile_cache_dir, compile_model, compile_stats, load_checkpoint,
+                    lock_run_dir, model_state, progress_bar, read_log_lines, resolve_device, resolve_dtype,
+                    save_checkpoint)
 from configurator import RunStopped, UserError, parse_args, run_cli
 from activations import check_variant
 from model import GPT, GPTConfig
@@ -85,7 +86,8 @@ TRAIN_DEFAULTS = dict(
     # system
     device='auto',  # 'auto' (cuda, then mps, then cpu) | 'cpu' | 'cuda' | 'cuda:N' | 'mps'
     dtype='auto',  # 'auto' (bfloat16 where supported, else float32) | 'float32' | 'bfloat16' | 'float16'
-    compile=None,  # None = auto: on for CUDA, off elsewhere
+    compile=None,  # None = auto: on for CUDA, off elsewhere (see use_compile for why)
+    compile_mode='regional',  # 'regional' (each Block compiled; one graph serves every layer) | 'whole' (the GPT)
     peak_flops=0.0,  # FLOP/s for MFU; 0 = from the GPU's name (H100/H200 989e12, A100 312e12), else MFU is null
     seed=1337,
     # Weights & Biases (nanoGPT's keys; wandb is imported only when wandb_log is on)
@@ -109,8 +111,19 @@ DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
 # -----------------------------------------------------------------------------
 
 
+def use_compile(device_type):
+    """--compile's default. On CUDA always: a GPU step is short and launch-bound, so fused kernels pay for the
+    compile within the first steps of any real run. Elsewhere off unless asked: a single CPU run compiles on an empty
+    cache for tens of seconds on a 2-core machine (regional: each distinct Block graph once, for training and for
+    evaluation), and at the tiny CPU sizes measured (config/compare_shakespeare_char.py) even a warm cache only broke
+    even with eager on an idle machine. MPS support in Inductor is young."""
+    return device_type == 'cuda'
+
+
 def check_config(cfg):
     """Catch the mistakes a config can make before anything is built or written."""
+    if cfg['compile_mode'] not in COMPILE_MODES:
+        raise UserError(f"--compile_mode expects {' or '.join(COMPILE_MODES)}, got '{cfg['compile_mode']}'.")
     out_dir = cfg['out_dir']
     if not out_dir.strip():
         raise UserError("--out_dir is empty; give the run's directory, e.g. --out_dir=out-gelu.")
@@ -284,7 +297,7 @@ class Trainer:
         self.device, self.device_type = device, device.split(':')[0]
         self.master = self.rank == 0  # only the master process logs and writes checkpoints
         self.dtype = resolve_dtype(cfg['dtype'], self.device_type)
-        self.use_compile = cfg['compile'] if cfg['compile'] is not None else self.device_type == 'cuda'
+        self.use_compile = cfg['compile'] if cfg['compile'] is not None else use_compile(self.device_type)
         if cfg['init_from'] == 'scratch' and os.path.exists(self.ckpt_path) and not cfg['overwrite']:
             raise UserError(f"{self.ckpt_path} already exists; resume it with --init_from=resume, choose another "
                             f"--out_dir, or pass --overwrite=True to replace it.")
@@ -341,8 +354,9 @@ class Trainer:
             self.restore(checkpoint)
         if self.use_compile:
             if self.master:
-                print('compiling the model... (takes a ~minute)')
-            model = torch.compile(model)
+                print(f"compiling ({cfg['compile_mode']}) on first use; compiled code is cached in "
+                      f"{compile_cache_dir()}")
+            model = compile_model(model, cfg['compile_mode'])  # regional: the blocks of self.raw_model, in place
         if self.ddp:
             # every parameter gets a gradient each step (MoE experts are one (E, d, m) tensor: an expert that got no
             # token gets a zero gradient), so DDP needs no find_unused_parameters traversal
@@ -603,6 +617,8 @@ class Trainer:
         if self.master:
             print(f"done: {self.iter_num} iterations, {self.tokens:,} tokens, best val loss {self.best_val_loss:.4f}, "
                   f"checkpoint {self.ckpt_path}")
+            if self.use_compile:  # one graph per distinct graph (train, eval); the cache hits say what was reused
+                print('compile: ' + json.dumps(compile_stats()))
 
 
 def main(argv):

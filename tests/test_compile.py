@@ -1,0 +1,118 @@
+"""torch.compile in train.py: regional compilation compiles each distinct graph once (training, evaluation) and
+never again within a run; a second process of the same variant is served from the shared on-disk caches; compiled
+training follows eager training; checkpoints keep plain keys.
+
+A cold compile costs tens of seconds on a 2-core CPU, so every run here has the same tiny shape (2 layers, d=32) and
+shares one cache directory: only the first process compiles, the others load."""
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from common import model_state
+from model import GPT, GPTConfig
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_train import assert_ok, assert_user_error, log, train  # noqa: E402
+
+SHAPE = ['--n_layer=2', '--max_iters=7', '--eval_interval=3', '--log_interval=2', '--ffn=polynorm']
+
+
+def compile_line(p):
+    """The `compile: {...}` line train.py prints at the end of a compiled run (common.compile_stats)."""
+    lines = [l for l in p.stdout.splitlines() if l.startswith('compile: ')]
+    assert len(lines) == 1, p.stdout[-2000:]
+    return json.loads(lines[0][len('compile: '):])
+
+
+@pytest.fixture(scope='module')
+def cache_runs(shakespeare_char_dir, tmp_path_factory):
+    """Two processes of the same variant (seeds 1 and 2, as a comparison starts them) on one fresh cache dir."""
+    cache = str(tmp_path_factory.mktemp('compile_cache'))
+    outs, stats = [], []
+    for seed in (1, 2):
+        out = str(tmp_path_factory.mktemp(f'compiled_seed{seed}'))
+        p = train(shakespeare_char_dir, out, *SHAPE, '--compile=True', f'--seed={seed}',
+                  extra_env={'TORCHINDUCTOR_CACHE_DIR': cache})
+        assert_ok(p)
+        outs.append(out)
+        stats.append(compile_line(p))
+    return cache, outs, stats
+
+
+def test_second_process_is_served_from_the_cache(cache_runs):
+    _, _, (first, second) = cache_runs
+    # the block's training graph (forward + backward) and its evaluation graph: 2 graphs, 3 compiled code modules
+    assert first['graphs'] == second['graphs'] == 2
+    assert first['fx_cache_hit'] == 0 and first['fx_cache_miss'] == 3 and first['aot_cache_miss'] >= 1
+    assert second['fx_cache_miss'] == 0 and second['fx_cache_hit'] == first['fx_cache_miss']
+    assert second['aot_cache_miss'] == 0 and second['aot_cache_hit'] == first['aot_cache_miss']
+
+
+def test_one_compile_per_graph_and_no_recompiles(cache_runs, shakespeare_char_dir, tmp_path, monkeypatch):
+    """In this process, over a run with 4 evaluations (iterations 0, 3, 6, 7), a last log window of one step, a
+    learning rate that changes every step and learned() on every evaluation line: Dynamo compiles the Block once for
+    training and once for evaluation (the second layer reuses the first's graph), and nothing else."""
+    import configurator
+    import train as train_py
+    from torch._dynamo.utils import counters, get_compilation_metrics
+    cache, _, _ = cache_runs
+    monkeypatch.setenv('TORCHINDUCTOR_CACHE_DIR', cache)
+    torch._dynamo.reset()
+    counters.clear()
+    out = str(tmp_path / 'run')
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the processes above (OMP_NUM_THREADS=1): the thread count is part of a kernel's key
+    try:
+        configurator.run_cli(train_py.main, [
+            '--device=cpu', '--dtype=float32', '--compile=True', '--n_head=2', '--n_embd=32', '--block_size=32',
+            '--batch_size=4', '--eval_iters=2', '--warmup_iters=2', '--lr_decay_iters=10', *SHAPE,
+            f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}'])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    finally:
+        torch.set_num_threads(threads)
+    compiles = [m for m in get_compilation_metrics() if m.is_forward]  # a backward compiled lazily is its own entry
+    assert counters['stats']['unique_graphs'] == 2
+    assert [(m.co_name, os.path.basename(m.co_filename)) for m in compiles] == [('forward', 'model.py')] * 2
+    assert compiles[0].recompile_reason is None and 'grad_mode' in compiles[1].recompile_reason  # evaluation
+    assert counters['inductor']['fxgraph_cache_miss'] == 0  # the processes above compiled these very graphs
+    records = log(out)
+    evals = [r for r in records if 'val_loss' in r]
+    assert [r['iter'] for r in evals] == [0, 3, 6, 7]
+    assert all(len(r['act']['layers']) == 2 for r in evals)  # learned() ran on every evaluation line
+    assert len({r['lr'] for r in records}) == len(records)
+
+
+def test_compiled_training_follows_eager(cache_runs, shakespeare_char_dir, tmp_path):
+    """Seed 1 trained compiled and eager: the same losses at every logged step, to float32 reassociation error."""
+    _, (compiled, _), _ = cache_runs
+    eager = str(tmp_path / 'eager')
+    assert_ok(train(shakespeare_char_dir, eager, *SHAPE, '--compile=False', '--seed=1'))
+    lc, le = log(compiled), log(eager)
+    assert [r['iter'] for r in lc] == [r['iter'] for r in le]
+    for rc, re in zip(lc, le):
+        for key in ('loss', 'val_loss'):
+            if key in re:
+                assert abs(rc[key] - re[key]) < 1e-4, (key, rc, re)
+    ckpt = torch.load(os.path.join(compiled, 'ckpt.pt'), weights_only=True)
+    assert set(ckpt['model']) == set(GPT(GPTConfig(**ckpt['model_args'])).state_dict())  # plain keys
+
+
+def test_model_state_strips_compiled_prefixes_inside_blocks():
+    """A block compiled as a wrapper (torch.compile(block)) and a wrapped model ('_orig_mod.', 'module.') both load
+    into a plain GPT."""
+    model = GPT(GPTConfig(vocab_size=84, n_layer=2, n_head=2, n_embd=32, block_size=32))
+    plain = set(model.state_dict())
+    model.transformer.h[1] = torch.compile(model.transformer.h[1])  # compiled lazily: nothing is compiled here
+    wrapped = torch.compile(model).state_dict()
+    assert any('h.1._orig_mod.' in k for k in wrapped) and all(k.startswith('_orig_mod.') for k in wrapped)
+    assert set(model_state(wrapped)) == plain
+
+
+def test_unknown_compile_mode_is_a_user_error(shakespeare_char_dir, tmp_path):
+    p = train(shakespeare_char_dir, str(tmp_path / 'x'), '--compile_mode=layers')
+    assert_user_error(p, '--compile_mode', 'regional', 'whole')
+    assert not os.path.exists(tmp_path / 'x')
