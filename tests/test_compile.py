@@ -101,6 +101,27 @@ def test_compiled_training_follows_eager(cache_runs, shakespeare_char_dir, tmp_p
     assert set(ckpt['model']) == set(GPT(GPTConfig(**ckpt['model_args'])).state_dict())  # plain keys
 
 
+def test_ddp_with_regional_compile_matches_one_process(cache_runs, shakespeare_char_dir, tmp_path):
+    """torchrun with 2 processes, blocks compiled in place and then wrapped in DDP, against eager training in one
+    process with 2 accumulation steps (the same batches): the same losses up to float32 reassociation. Both ranks
+    load the graphs the runs above compiled."""
+    cache, _, _ = cache_runs
+    ddp_out, one_out = str(tmp_path / 'ddp'), str(tmp_path / 'one')
+    torchrun = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+    p = train(shakespeare_char_dir, ddp_out, *SHAPE, '--compile=True', '--seed=1', launcher=torchrun,
+              extra_env={'TORCHINDUCTOR_CACHE_DIR': cache})
+    assert_ok(p)
+    assert compile_line(p)['graphs'] == 2  # rank 0's process: no graph of its own for DDP
+    assert_ok(train(shakespeare_char_dir, one_out, *SHAPE, '--compile=False', '--seed=1',
+                    '--gradient_accumulation_steps=2'))
+    ld, l1 = log(ddp_out), log(one_out)
+    assert [r['iter'] for r in ld] == [r['iter'] for r in l1]
+    for rd, r1 in zip(ld, l1):
+        for key in ('loss', 'val_loss'):
+            if key in r1:
+                assert abs(rd[key] - r1[key]) < 1e-4, (key, rd, r1)
+
+
 def test_model_state_strips_compiled_prefixes_inside_blocks():
     """A block compiled as a wrapper (torch.compile(block)) and a wrapped model ('_orig_mod.', 'module.') both load
     into a plain GPT."""
