@@ -27,6 +27,16 @@ def compile_line(p):
     return json.loads(lines[0][len('compile: '):])
 
 
+def assert_same_losses(out_a, out_b, tol=1e-4):
+    """The same logged steps, and training and validation losses within tol at each (float32 reassociation)."""
+    la, lb = log(out_a), log(out_b)
+    assert [r['iter'] for r in la] == [r['iter'] for r in lb]
+    for ra, rb in zip(la, lb):
+        for key in ('loss', 'val_loss'):
+            if key in rb:
+                assert abs(ra[key] - rb[key]) < tol, (key, ra, rb)
+
+
 @pytest.fixture(scope='module')
 def cache_runs(shakespeare_char_dir, tmp_path_factory):
     """Two processes of the same variant (seeds 1 and 2, as a comparison starts them) on one fresh cache dir."""
@@ -91,12 +101,7 @@ def test_compiled_training_follows_eager(cache_runs, shakespeare_char_dir, tmp_p
     _, (compiled, _), _ = cache_runs
     eager = str(tmp_path / 'eager')
     assert_ok(train(shakespeare_char_dir, eager, *SHAPE, '--compile=False', '--seed=1'))
-    lc, le = log(compiled), log(eager)
-    assert [r['iter'] for r in lc] == [r['iter'] for r in le]
-    for rc, re in zip(lc, le):
-        for key in ('loss', 'val_loss'):
-            if key in re:
-                assert abs(rc[key] - re[key]) < 1e-4, (key, rc, re)
+    assert_same_losses(compiled, eager)
     ckpt = torch.load(os.path.join(compiled, 'ckpt.pt'), weights_only=True)
     assert set(ckpt['model']) == set(GPT(GPTConfig(**ckpt['model_args'])).state_dict())  # plain keys
 
@@ -114,12 +119,7 @@ def test_ddp_with_regional_compile_matches_one_process(cache_runs, shakespeare_c
     assert compile_line(p)['graphs'] == 2  # rank 0's process: no graph of its own for DDP
     assert_ok(train(shakespeare_char_dir, one_out, *SHAPE, '--compile=False', '--seed=1',
                     '--gradient_accumulation_steps=2'))
-    ld, l1 = log(ddp_out), log(one_out)
-    assert [r['iter'] for r in ld] == [r['iter'] for r in l1]
-    for rd, r1 in zip(ld, l1):
-        for key in ('loss', 'val_loss'):
-            if key in r1:
-                assert abs(rd[key] - r1[key]) < 1e-4, (key, rd, r1)
+    assert_same_losses(ddp_out, one_out)
 
 
 def test_model_state_strips_compiled_prefixes_inside_blocks():
