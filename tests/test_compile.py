@@ -67,11 +67,12 @@ def test_one_compile_per_graph_and_no_recompiles(cache_runs, shakespeare_char_di
     training and once for evaluation (the second layer reuses the first's graph), and nothing else."""
     import configurator
     import train as train_py
-    from torch._dynamo.utils import counters, get_compilation_metrics
+    from torch._dynamo.utils import clear_compilation_metrics, counters, get_compilation_metrics
     cache, _, _ = cache_runs
     monkeypatch.setenv('TORCHINDUCTOR_CACHE_DIR', cache)
-    torch._dynamo.reset()
+    torch._dynamo.reset()  # forget what earlier tests in this process compiled
     counters.clear()
+    clear_compilation_metrics()
     out = str(tmp_path / 'run')
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the processes above (OMP_NUM_THREADS=1): the thread count is part of a kernel's key
