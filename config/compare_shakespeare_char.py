@@ -39,13 +39,12 @@ threads = 1
 
 dataset = 'shakespeare_char'
 device = 'cpu'
-# Compiled (regional: each Block, one graph for both layers; see common.compile_model). Measured on this 2-core CPU
-# with gelu, polynorm, moa x 3 seeds at exactly these settings: eager 685 s; compiled on an empty compile cache 620 s
-# (0.90x, compile included: the first seed of each variant compiles, ~30-110 s under load, the others load it from
-# the shared cache in seconds); compiled on a warm cache 198 s. Final val losses within 1e-6 of eager. Compiled, the
-# learned activations also run at their real relative speed (eager they are ~2x slower than gelu per token).
-# Pass --compile=False for the eager numbers.
-compile = True
+# Eager: measured, compiling does not pay at this tiny size on an idle 2-core CPU (gelu, polynorm, moa x 3 seeds at
+# exactly these settings, back to back, load ~3: eager 126 s, compiled on a warm compile cache 125 s, and an empty
+# cache adds ~30 s of compiling per variant). It does pay on a busy machine (load ~8: eager 685 s, compiled 620 s on
+# an empty cache, 198 s warm), and compiled runs show the learned activations' per-token cost as it is at scale
+# (eager they look up to ~2x slower than gelu): pass --compile=True for that. Losses agree with eager within 1e-6.
+compile = False
 dtype = 'float32'
 
 n_layer = 2

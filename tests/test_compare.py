@@ -237,7 +237,7 @@ def test_configs_plan(name):
     assert baseline == 'gelu' and len(runs) == len(variants) * len(seeds)
     if name == 'compare_shakespeare_char':
         assert set(variants) >= {'gelu', 'relu2', 'swiglu', 'polyrelu', 'polynorm', 'la', 'moa', 'moa_glu'}
-        assert len(seeds) >= 3 and cfg['device'] == 'cpu' and cfg['compile'] is True and cfg['dtype'] == 'float32'
+        assert len(seeds) >= 3 and cfg['device'] == 'cpu' and cfg['compile'] is False and cfg['dtype'] == 'float32'
     else:
         assert cfg['dataset'] == 'openwebtext' and cfg['compile'] is True and cfg['dtype'] == 'bfloat16'
         assert (cfg['n_expert'], cfg['top_k']) == ((8, 2) if name.endswith('moe') else (0, 2))
