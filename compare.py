@@ -506,9 +506,6 @@ def run_comparison(cfg, given):
                         f"the {len(bad)} run(s) whose settings differ.")
     todo = [(r, 'overwrite' if states[id(r)] == 'mismatch' else states[id(r)]) for r in runs
             if states[id(r)] not in ('done', 'stopped')]
-    # seed by seed: the runs side by side are different variants, so under --compile=True no two processes compile the
-    # same graph at once, and every later seed finds its variant's graphs in the shared compile cache
-    todo.sort(key=lambda job: job[0]['seed'])
     if cfg['plan']:
         return print_plan(todo, len(runs), cfg)
     if cfg['report'] and todo:
@@ -529,6 +526,9 @@ def run_comparison(cfg, given):
             how = 'finished' if states[id(run)] == 'done' else 'stopped: see its train.out'
             pbar.write(f"{run['variant']} seed {run['seed']}: reused ({how})", file=sys.stderr)
             pbar.update(1)
+    # seed by seed: the runs side by side are different variants, so under --compile=True no two processes compile the
+    # same graph at once, and every later seed finds its variant's graphs in the shared compile cache
+    todo.sort(key=lambda job: job[0]['seed'])
     train_all(todo, placement(cfg['jobs'], gpus, cfg['nproc_per_run']), cfg['threads'], statuses, pbar,
               cfg['max_iters'])
     pbar.close()

@@ -15,7 +15,7 @@ from common import model_state
 from model import GPT, GPTConfig
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_train import assert_ok, assert_user_error, log, train  # noqa: E402
+from test_train import assert_ok, log, train  # noqa: E402
 
 SHAPE = ['--n_layer=2', '--max_iters=7', '--eval_interval=3', '--log_interval=2', '--ffn=polynorm']
 
@@ -89,7 +89,6 @@ def test_one_compile_per_graph_and_no_recompiles(cache_runs, shakespeare_char_di
     assert counters['stats']['unique_graphs'] == 2
     assert [(m.co_name, os.path.basename(m.co_filename)) for m in compiles] == [('forward', 'model.py')] * 2
     assert compiles[0].recompile_reason is None and 'grad_mode' in compiles[1].recompile_reason  # evaluation
-    assert counters['inductor']['fxgraph_cache_miss'] == 0  # the processes above compiled these very graphs
     records = log(out)
     evals = [r for r in records if 'val_loss' in r]
     assert [r['iter'] for r in evals] == [0, 3, 6, 7]
@@ -136,5 +135,7 @@ def test_model_state_strips_compiled_prefixes_inside_blocks():
 
 def test_unknown_compile_mode_is_a_user_error(shakespeare_char_dir, tmp_path):
     p = train(shakespeare_char_dir, str(tmp_path / 'x'), '--compile_mode=layers')
-    assert_user_error(p, '--compile_mode', 'regional', 'whole')
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and 'Traceback' not in p.stderr and len(lines) == 1, p.stderr
+    assert all(w in lines[0] for w in ('--compile_mode', 'regional', 'whole')), lines[0]
     assert not os.path.exists(tmp_path / 'x')
