@@ -61,34 +61,35 @@ def test_second_process_is_served_from_the_cache(cache_runs):
     assert second['aot_cache_miss'] == 0 and second['aot_cache_hit'] == first['aot_cache_miss']
 
 
-def test_one_compile_per_graph_and_no_recompiles(cache_runs, shakespeare_char_dir, tmp_path, monkeypatch):
-    """In this process, over a run with 4 evaluations (iterations 0, 3, 6, 7), a last log window of one step, a
-    learning rate that changes every step and learned() on every evaluation line: Dynamo compiles the Block once for
-    training and once for evaluation (the second layer reuses the first's graph), and nothing else."""
-    import configurator
-    import train as train_py
-    from torch._dynamo.utils import clear_compilation_metrics, counters, get_compilation_metrics
+# train.py's main in a fresh process, then Dynamo's own record of what it compiled (forward frames; a backward
+# compiled lazily is an entry of its own)
+COUNT = """
+import json, sys
+import configurator, train
+from torch._dynamo.utils import counters, get_compilation_metrics
+try:
+    configurator.run_cli(train.main, sys.argv[2:])
+except SystemExit as e:
+    assert e.code in (0, None), e.code
+frames = [[m.co_name, m.co_filename, m.recompile_reason] for m in get_compilation_metrics() if m.is_forward]
+print('counted: ' + json.dumps({'graphs': counters['stats']['unique_graphs'], 'frames': frames}))
+"""
+
+
+def test_one_compile_per_graph_and_no_recompiles(cache_runs, shakespeare_char_dir, tmp_path):
+    """Over a run with 4 evaluations (iterations 0, 3, 6, 7), a last log window of one step, a learning rate that
+    changes every step and learned() on every evaluation line: Dynamo compiles the Block once for training and once
+    for evaluation (the second layer reuses the first's graph), and nothing else."""
     cache, _, _ = cache_runs
-    monkeypatch.setenv('TORCHINDUCTOR_CACHE_DIR', cache)
-    torch._dynamo.reset()  # forget what earlier tests in this process compiled
-    counters.clear()
-    clear_compilation_metrics()
     out = str(tmp_path / 'run')
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the processes above (OMP_NUM_THREADS=1): the thread count is part of a kernel's key
-    try:
-        configurator.run_cli(train_py.main, [
-            '--device=cpu', '--dtype=float32', '--compile=True', '--n_head=2', '--n_embd=32', '--block_size=32',
-            '--batch_size=4', '--eval_iters=2', '--warmup_iters=2', '--lr_decay_iters=10', *SHAPE,
-            f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}'])
-    except SystemExit as e:
-        assert e.code in (0, None)
-    finally:
-        torch.set_num_threads(threads)
-    compiles = [m for m in get_compilation_metrics() if m.is_forward]  # a backward compiled lazily is its own entry
-    assert counters['stats']['unique_graphs'] == 2
-    assert [(m.co_name, os.path.basename(m.co_filename)) for m in compiles] == [('forward', 'model.py')] * 2
-    assert compiles[0].recompile_reason is None and 'grad_mode' in compiles[1].recompile_reason  # evaluation
+    p = train(shakespeare_char_dir, out, *SHAPE, '--compile=True', launcher=[sys.executable, '-c', COUNT],
+              extra_env={'TORCHINDUCTOR_CACHE_DIR': cache})
+    assert_ok(p)
+    counted = json.loads(next(l for l in p.stdout.splitlines() if l.startswith('counted: '))[len('counted: '):])
+    assert counted['graphs'] == 2
+    frames = counted['frames']
+    assert [(name, os.path.basename(path)) for name, path, _ in frames] == [('forward', 'model.py')] * 2
+    assert frames[0][2] is None and 'grad_mode' in frames[1][2]  # evaluation: no_grad, a graph of its own
     records = log(out)
     evals = [r for r in records if 'val_loss' in r]
     assert [r['iter'] for r in evals] == [0, 3, 6, 7]
