@@ -613,6 +613,12 @@ class Trainer:
                     self.wandb_run.finish()
                 self.lock.close()
             if self.ddp:
+                # every rank reaches this point before any tears its gloo/nccl threads down: a rank that destroys the
+                # group while another is still in a collective aborts the process ("terminate called ...")
+                try:
+                    dist.barrier()
+                except Exception:  # a peer already gone (this run is stopping anyway)
+                    pass
                 dist.destroy_process_group()
         if self.master:
             print(f"done: {self.iter_num} iterations, {self.tokens:,} tokens, best val loss {self.best_val_loss:.4f}, "
