@@ -129,7 +129,7 @@ def test_compare_groups_a_comparison_and_tags_variant_and_seed(shakespeare_char_
             assert_history_holds_log(history, log)
 
 
-def test_wandb_log_without_wandb_is_a_user_error_before_anything_is_written(monkeypatch):
+def test_wandb_log_without_wandb_is_refused_before_anything_is_written(monkeypatch):
     import train
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'wandb' else real_find_spec(name, *a))
