@@ -6,6 +6,15 @@ Read it top to bottom. Each family starts with its formula and its source, then 
 a custom autograd Function, that Function comes last, introduced as what it is: an optimisation that keeps less
 memory for backward and pays for it by recomputing.
 
+Eager and compiled take different paths through those modules, on purpose. Eager (plain PyTorch), every operation of
+the formula is a kernel of its own and autograd keeps each intermediate for backward, so the memory-lean Functions
+pay. Compiled (torch.compile), the modules run the plain reference instead: Inductor fuses its elementwise chain
+into a few kernels, and its min-cut partitioner chooses what backward keeps and what it recomputes, which is the
+Function's trade made by the compiler (bench.py measures the same step time and the same saved bytes per token
+either way). A graph of plain operations can also be stored in AOTAutograd's on-disk cache, which skips graphs that
+contain a custom autograd Function; so a second run of the same variant loads its compiled graphs instead of
+tracing them again.
+
 Every activation has the same two-step interface, so that the FFN and the Mixture of Experts in model.py treat them
 all alike:
 
@@ -110,14 +119,16 @@ def rms_normalize(v, eps=1e-6):
 
 
 def poly_reference(h, coeffs, use_relu, use_norm, eps=1e-6):
-    """The PolyCom formula as written, with plain autograd: a_0 + Σ_{p=1..r} a_p · N(base^p), base = h or relu(h).
-    Correct, but backward keeps every power and every normalised tensor alive: r hidden-width tensors or more."""
-    base = torch.relu(h) if use_relu else h
-    y = coeffs[0] * torch.ones_like(h)
-    for p in range(1, len(coeffs)):
+    """The PolyCom formula as written, with plain autograd: a_0 + Σ_{p=1..r} a_p · N(base^p), base = h or relu(h),
+    computed in fp32 (at least) and returned in h's dtype. Eager, backward keeps every power and every normalised
+    tensor alive: r hidden-width tensors or more. Compiled, this is what runs (Poly.forward)."""
+    hf, a = _wide(h), _wide(coeffs)
+    base = torch.relu(hf) if use_relu else hf
+    y = a[0] * torch.ones_like(hf)
+    for p in range(1, len(a)):
         v = base**p
-        y = y + coeffs[p] * (rms_normalize(v, eps) if use_norm else v)
-    return y
+        y = y + a[p] * (rms_normalize(v, eps) if use_norm else v)
+    return y.to(h.dtype)
 
 
 class Poly(nn.Module):
@@ -128,7 +139,8 @@ class Poly(nn.Module):
         polyrelunorm:  φ(h) = Σ_{i=1..r} a_i N(relu(h)^i) + a_0  (ablation from the paper)
     N(v) = v / sqrt(mean(v²) + 1e-6), an RMS norm over the hidden dimension per token, without gain (rms_normalize).
     Init a_1..a_r = 1/r, a_0 = 0 (official code). Computed in fp32 under bf16/fp16 autocast: h^6 overflows fp16 for
-    |h| > 6.35. Training runs the formula through _PolyFunction below, which equals poly_reference.
+    |h| > 6.35. Eager training runs the formula through _PolyFunction below, which equals poly_reference; compiled
+    training runs poly_reference itself (see the top of this file).
     """
 
     def __init__(self, kind, order=3, eps=1e-6):
@@ -144,6 +156,8 @@ class Poly(nn.Module):
         return None
 
     def forward(self, h, coefs=None):
+        if torch.compiler.is_compiling():
+            return poly_reference(h, self.coeffs, self.use_relu, self.use_norm, self.eps)
         return _PolyFunction.apply(h, self.coeffs, self.use_relu, self.use_norm, self.eps)
 
     def learned(self, x):
@@ -218,8 +232,10 @@ class _PolyFunction(torch.autograd.Function):
 
 def mix_reference(h, coefs, names):
     """The mixture as written, with plain autograd: Σ_k c_k φ_k(h), coefs (..., K) broadcast over the hidden channels
-    (a single row (K,) for LA). Backward keeps the K activations φ_k(h): K hidden-width tensors."""
-    return sum(coefs[..., k : k + 1] * BASIS[name][0](h) for k, name in enumerate(names))
+    (a single row (K,) for LA), computed in fp32 (at least) and returned in h's dtype. Eager, backward keeps the K
+    activations φ_k(h): K hidden-width tensors. Compiled, this is what runs (LA, MoA and glu)."""
+    hf, c = _wide(h), _wide(coefs)
+    return sum(c[..., k : k + 1] * BASIS[name][0](hf) for k, name in enumerate(names)).to(h.dtype)
 
 
 def _init_alpha(names, la_init):
@@ -238,8 +254,8 @@ def _init_alpha(names, la_init):
 class LA(nn.Module):
     """
     Learnable activation: φ(h) = Σ_k α_k φ_k(h), one scalar α_k per dictionary entry per FFN, shared by all tokens
-    and channels. Dictionary default: identity, relu, relu2, gelu, silu, tanh (K = 6). Training runs the mixture
-    through _MixFunction below, which equals mix_reference.
+    and channels. Dictionary default: identity, relu, relu2, gelu, silu, tanh (K = 6). Eager training runs the
+    mixture through _MixFunction below, which equals mix_reference; compiled training runs mix_reference itself.
     """
 
     def __init__(self, names, la_init="mean"):
@@ -255,6 +271,8 @@ class LA(nn.Module):
         return self.alpha
 
     def forward(self, h, coefs=None):
+        if torch.compiler.is_compiling():
+            return mix_reference(h, self.alpha, self.names)
         return _MixFunction.apply(h, self.alpha, self.names)
 
     def learned(self, x):
@@ -300,6 +318,8 @@ class MoA(nn.Module):
         return coefs
 
     def forward(self, h, coefs):
+        if torch.compiler.is_compiling():
+            return mix_reference(h, coefs, self.names)
         return _MixFunction.apply(h, coefs, self.names)
 
     def learned(self, x):
@@ -313,8 +333,11 @@ class MoA(nn.Module):
 
 
 def glu(act_gate, act_up, g, u, coefs_gate, coefs_up):
-    """φ_gate(g) ⊙ φ_up(u). Two mixtures (la_glu, moa_glu) go through one fused, recomputing Function."""
+    """φ_gate(g) ⊙ φ_up(u). Eager, two mixtures (la_glu, moa_glu) go through one fused, recomputing Function;
+    compiled, the product of the two plain mixtures, in fp32 like the Function."""
     if isinstance(act_gate, (LA, MoA)) and isinstance(act_up, (LA, MoA)):
+        if torch.compiler.is_compiling():
+            return (act_gate(_wide(g), coefs_gate) * act_up(_wide(u), coefs_up)).to(g.dtype)
         return _MixGLUFunction.apply(
             g, u, act_gate.coefficients(coefs_gate), act_up.coefficients(coefs_up), act_gate.names, act_up.names
         )

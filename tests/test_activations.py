@@ -234,3 +234,28 @@ def test_polynorm_half_precision_autocast_large_inputs(order, dtype):
     assert y.dtype == dtype and torch.isfinite(y).all()
     rel_rms = ((y.float() - ref).square().mean() / ref.square().mean()).sqrt()
     assert rel_rms < 0.02, rel_rms
+
+
+@pytest.mark.parametrize("variant", ["polynorm", "la_glu", "moa_glu"])
+def test_compiled_path_is_the_plain_formula_in_fp32_under_autocast(variant):
+    """Compiled, the learned activations run their plain references instead of the lean Functions. Traced by
+    torch.compile's aot_eager backend (the compiled path, without Inductor's code generation) under fp16 autocast with
+    inputs up to |h| = 50, where h^6 or relu(h)^2 products overflow fp16 unless computed in fp32: the compiled FFN
+    stays finite and equals the eager FFN, whose Functions widen to fp32 explicitly."""
+    torch.manual_seed(2)
+    ffn = FFN(GPTConfig(n_embd=32, n_head=4, ffn=variant))
+    for p in ffn.parameters():
+        p.data.add_(0.1 * torch.randn_like(p))
+    x = 8 * torch.randn(2, 8, 32)
+    outputs = []
+    for fn in (ffn, torch.compile(ffn, backend="aot_eager", fullgraph=True)):
+        xi = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.float16):
+            y = fn(xi)[0]
+        grads = torch.autograd.grad(y.float().mean(), [xi, *ffn.parameters()])
+        outputs.append((y, grads))
+    (y_e, g_e), (y_c, g_c) = outputs
+    assert y_c.dtype == torch.float16 and torch.isfinite(y_c).all()
+    torch.testing.assert_close(y_c, y_e, rtol=2e-3, atol=2e-3)
+    for a, b in zip(g_c, g_e):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)

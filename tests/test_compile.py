@@ -54,11 +54,14 @@ def cache_runs(shakespeare_char_dir, tmp_path_factory):
 
 def test_second_process_is_served_from_the_cache(cache_runs):
     _, _, (first, second) = cache_runs
-    # the block's training graph (forward + backward) and its evaluation graph: 2 graphs, 3 compiled code modules
+    # the block's training graph (forward + backward) and its evaluation graph: 2 graphs, 3 compiled code modules.
+    # Both graphs are AOTAutograd cache entries: compiled, PolyNorm is plain operations, no custom autograd Function
+    # (a graph with one is skipped by that cache and traced again by every process)
     assert first['graphs'] == second['graphs'] == 2
-    assert first['fx_cache_hit'] == 0 and first['fx_cache_miss'] == 3 and first['aot_cache_miss'] >= 1
-    assert second['fx_cache_miss'] == 0 and second['fx_cache_hit'] == first['fx_cache_miss']
-    assert second['aot_cache_miss'] == 0 and second['aot_cache_hit'] == first['aot_cache_miss']
+    assert first['fx_cache_hit'] == 0 and first['fx_cache_miss'] == 3
+    assert first['aot_cache_hit'] == 0 and first['aot_cache_miss'] == 2
+    assert second['fx_cache_miss'] == 0 and second['fx_cache_hit'] == 3
+    assert second['aot_cache_miss'] == 0 and second['aot_cache_hit'] == 2
 
 
 # train.py's main in a fresh process, then Dynamo's own record of what it compiled (forward frames; a backward
