@@ -111,7 +111,7 @@ def compile_stats():
     from torch._dynamo.utils import compilation_time_metrics, counters
     seconds = sum(compilation_time_metrics.get('_compile.compile_inner', []))
     seconds += sum(compilation_time_metrics.get('backward._backward_impl', []))  # a backward compiled at first use
-    return {'graphs': counters['stats']['unique_graphs'], 'compile_s': round(seconds, 2),
+    return {'graphs': counters['stats']['unique_graphs'], 'compile_s': seconds,
             'fx_cache_hit': counters['inductor']['fxgraph_cache_hit'],
             'fx_cache_miss': counters['inductor']['fxgraph_cache_miss'],
             'aot_cache_hit': counters['aot_autograd']['autograd_cache_hit'],

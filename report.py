@@ -37,7 +37,8 @@ def run_metrics(log):
     """Per-run numbers recomputed from its log records."""
     evals = [r for r in log if 'val_loss' in r]
     trains = [r for r in log if 'loss' in r]
-    # training time: each train line's ms is the mean step time since the previous line (eval time excluded)
+    # training time: each train line's ms is the mean step time since the previous line (evaluation and compiling
+    # excluded)
     t, prev_iter, times = 0.0, 0, {}
     for r in log:
         if 'ms' in r:
@@ -53,6 +54,7 @@ def run_metrics(log):
         'final_val_loss': evals[-1]['val_loss'] if evals else None,
         'final_train_loss': trains[-1]['loss'] if trains else None,
         'train_time_s': t,
+        'compile_s': next((r['compile_s'] for r in reversed(log) if 'compile_s' in r), None),  # compiled runs only
         'tok_s': statistics.median(tok_s) if tok_s else None,  # steady state: the median over log lines
         'batch_hash': last.get('batch_hash'),
         'val_hash': next((r['val_hash'] for r in reversed(log) if 'val_hash' in r), None),
@@ -62,6 +64,11 @@ def run_metrics(log):
             'train': [[r['iter'], r['tokens'], r['loss']] for r in trains],
         },
     }
+
+
+def mean_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
 
 
 def mean_std(values):
@@ -147,10 +154,11 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses):
             'diff_to_baseline': stats.paired(diffs) if v != baseline else None,
             'tok_s': statistics.fmean(m['tok_s'] for m in ms if m['tok_s']) if any(m['tok_s'] for m in ms) else None,
             'train_time_s': statistics.fmean(m['train_time_s'] for m in ms),
+            'compile_s': mean_or_none([m['compile_s'] for m in ms]),
             'tokens': max(m['tokens'] for m in ms),
             'learned': learned_mean([m['act'] for m in ms]),
             'runs': [{k: m[k] for k in ('seed', 'dir', 'status', 'iters', 'tokens', 'final_val_loss', 'final_train_loss',
-                                        'train_time_s', 'tok_s', 'batch_hash', 'val_hash', 'act')} for m in ms],
+                                        'train_time_s', 'compile_s', 'tok_s', 'batch_hash', 'val_hash', 'act')} for m in ms],
         }
     # seed noise: the std over seeds of the final validation loss, pooled over variants (root mean variance), and
     # of the paired differences to the baseline (smaller: a seed fixes the batches every variant sees)
@@ -219,9 +227,10 @@ def _count(n):
 
 def table(summary):
     base = summary['baseline']
+    compiled = any(s.get('compile_s') is not None for s in summary['variants'].values())
     rows = ['| variant | params | FFN | extras | final val loss (mean ± std) | Δ vs ' + base +
-            ' (± std) | resolved? | tok/s | train time |',
-            '|---|---:|---:|---:|---:|---:|:---:|---:|---:|']
+            ' (± std) | resolved? | tok/s | train time |' + (' compile |' if compiled else ''),
+            '|---|---:|---:|---:|---:|---:|:---:|---:|---:|' + ('---:|' if compiled else '')]
     for v, s in summary['variants'].items():
         p, fv, d = s['params'], s['final_val_loss'], s['diff_to_baseline']
         val = '–' if fv is None else f"{fv['mean']:.4f}" + (f" ± {fv['std']:.4f}" if fv['std'] is not None else '')
@@ -233,7 +242,9 @@ def table(summary):
                                     f"{'yes' if d['resolved'] else 'no'}" + (f" (t={d['t']:.1f})" if d['t'] is not None else ''))
         total = _count(p['total']) + (f" ({_count(p['active'])} active)" if p.get('active', p['total']) != p['total'] else '')
         rows.append(f"| {v} | {total} | {_count(p['ffn'])} | {p['extras']:,} | {val} | {diff} | {res} | "
-                    f"{'–' if s['tok_s'] is None else format(s['tok_s'], ',.0f')} | {s['train_time_s']:.1f} s |")
+                    f"{'–' if s['tok_s'] is None else format(s['tok_s'], ',.0f')} | {s['train_time_s']:.1f} s |"
+                    + (f" {'–' if s.get('compile_s') is None else format(s['compile_s'], '.1f') + ' s'} |"
+                       if compiled else ''))
     return '\n'.join(rows)
 
 
@@ -363,7 +374,9 @@ def write_markdown(path, summary, cfg):
     notes = [f"Final val loss: the last evaluation, mean ± std over seeds. Δ: the per-seed paired difference to "
              f"{summary['baseline']} (same seed, so same batches), mean ± its std over seeds; resolved: a paired t-test at "
              f"95% (scipy.stats, Student's t with n-1 degrees of freedom). tok/s: median over log "
-             f"lines; train time: optimizer steps only (evaluation excluded{', compilation included' if cfg['compile'] else ''})"
+             f"lines; train time: optimizer steps only (evaluation and compilation excluded)"
+             + ("; compile: seconds each run spent compiling its graphs or loading them from the compile cache, mean "
+                "over seeds" if any(s.get('compile_s') is not None for s in summary['variants'].values()) else '')
              + (f", measured with {cfg['jobs']} runs at a time" if cfg['jobs'] > 1 else '') + ". params: total (tied embedding counted "
              "once); FFN: W_up/W_gate/W_down (all experts); extras: learned activation coefficients and MoA gates."]
     if summary['seed_std'] is not None:
@@ -441,7 +454,7 @@ def plot(path, summary, by_variant, cfg):
             if len(trains) > 1:
                 axes[2].fill_between(x, loss.min(0), loss.max(0), color=c, alpha=0.2, linewidth=0)
     axes[0].set(xlabel='training tokens', ylabel='validation loss', title='validation loss (mean, band: min–max over seeds)')
-    axes[1].set(xlabel='training time (s, evaluation excluded' + (', compilation included)' if cfg['compile'] else ')'), ylabel='validation loss', title='validation loss against time')
+    axes[1].set(xlabel='training time (s, evaluation and compilation excluded)', ylabel='validation loss', title='validation loss against time')
     axes[2].set(xlabel='training tokens', ylabel='training loss (EMA)', title=f"training loss (EMA {cfg['smooth']})")
     for ax in axes:
         ax.grid(alpha=0.3)

@@ -350,6 +350,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device_type, enabled=(self.dtype == 'float16'))
         self.iter_num, self.best_val_loss, self.tokens, self.train_time, self.log_lines = 0, float('inf'), 0, 0.0, 0
         self.saved_iter = None  # iteration of the checkpoint on disk (None: none written by this run's lineage)
+        self.compile_before = 0.0  # seconds spent compiling by the earlier processes of a resumed run
         if checkpoint is not None:
             self.restore(checkpoint)
         if self.use_compile:
@@ -371,6 +372,7 @@ class Trainer:
             self.scaler.load_state_dict(checkpoint['scaler'])
         self.iter_num, self.best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
         self.tokens, self.train_time = checkpoint.get('tokens', 0), checkpoint.get('train_time', 0.0)
+        self.compile_before = checkpoint.get('compile_time', 0.0)
         if checkpoint['world_size'] == self.world_size:  # every rank continues its own stream and RNG exactly
             self.loader.load_state_dict(checkpoint['loader'][self.rank])
             set_rng_state(checkpoint['rng'][self.rank], self.device_type)  # after the model's init used the RNG
@@ -419,7 +421,14 @@ class Trainer:
 
     # ---- what happens at log lines ---------------------------------------------------------------------------------
 
+    def compile_time(self):
+        """Seconds this run has spent compiling, earlier processes of a resumed run included: Dynamo's own count of
+        tracing and building every graph, or of loading it from the compile cache."""
+        return self.compile_before + (compile_stats()['compile_s'] if self.use_compile else 0.0)
+
     def write_log(self, record):
+        if self.use_compile:
+            record['compile_s'] = round(self.compile_time(), 2)
         if self.master:
             self.log_file.write(json.dumps(record) + '\n')
             self.log_file.flush()
@@ -469,6 +478,7 @@ class Trainer:
                 'config': self.cfg,
                 'tokens': self.tokens,
                 'train_time': self.train_time,
+                'compile_time': self.compile_time(),
                 'world_size': self.world_size,
                 'rng': [s['rng'] for s in states],
                 'loader': [s['loader'] for s in states],
@@ -578,7 +588,7 @@ class Trainer:
                     pbar.write(f"iter 0: val loss {val_loss:.4f}")
             # per-step losses since the last log line, kept on the device: checking them only at log lines avoids a
             # CPU-GPU sync every step, yet still names the first step that went non-finite
-            window, t_window = [], time.time()
+            window, t_window, c_window = [], time.time(), self.compile_time()
             while self.iter_num < cfg['max_iters']:
                 lr = get_lr(self.iter_num, cfg)
                 parts, grad_norm = self.train_step(lr, nan_at)
@@ -587,7 +597,9 @@ class Trainer:
                 is_eval = self.iter_num % cfg['eval_interval'] == 0 or self.iter_num == cfg['max_iters']
                 if not (is_eval or self.iter_num % cfg['log_interval'] == 0):
                     continue
-                dt = (time.time() - t_window) / len(window)  # one sync point per log line
+                # one sync point per log line. Compiling is not step time: a compiled run's first step traces and
+                # builds its graph (seconds to minutes, once per run), and it is logged on its own, as compile_s
+                dt = (time.time() - t_window - (self.compile_time() - c_window)) / len(window)
                 self.train_time += dt * len(window)
                 record = self.log_line(window, dt, lr, grad_norm)
                 pbar.set_postfix(loss=f"{record['loss']:.4f}", lr=f'{lr:.2e}', ms=f'{dt * 1000:.0f}',
@@ -601,7 +613,7 @@ class Trainer:
                 if is_eval and (val_loss < self.best_val_loss or cfg['always_save_checkpoint']):
                     self.best_val_loss = min(self.best_val_loss, val_loss)
                     self.save_checkpoint(val_loss)
-                window, t_window = [], time.time()  # evaluation and checkpoint time is not step time
+                window, t_window, c_window = [], time.time(), self.compile_time()  # nor evaluation, checkpoints
         except BaseException:
             pbar.leave = False  # a run that stops says one sentence on stderr: the bar makes way for it
             raise

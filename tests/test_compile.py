@@ -143,3 +143,30 @@ def test_unknown_compile_mode_is_a_user_error(shakespeare_char_dir, tmp_path):
     assert p.returncode == 2 and 'Traceback' not in p.stderr and len(lines) == 1, p.stderr
     assert all(w in lines[0] for w in ('--compile_mode', 'regional', 'whole')), lines[0]
     assert not os.path.exists(tmp_path / 'x')
+
+
+def test_compile_seconds_are_logged_apart_from_step_time(cache_runs):
+    """Each record of a compiled run carries the seconds it has spent compiling so far (compile_s), and its step times
+    (ms) leave them out: the cold run's first step compiles for seconds, while 7 steps of a 2-layer, d=32 model take
+    a fraction of one. Had compiling been counted as step time, the train time would exceed half the compile time."""
+    _, outs, stats = cache_runs
+    for out, printed in zip(outs, stats):
+        records = log(out)
+        assert records[0]['iter'] == 0 and records[0]['compile_s'] > 0  # the evaluation graph, at iteration 0
+        assert records[-1]['compile_s'] == pytest.approx(printed['compile_s'], abs=0.01)
+        train_time, prev = 0.0, 0
+        for r in records:
+            train_time += r.get('ms', 0.0) / 1000.0 * (r['iter'] - prev)
+            prev = r['iter']
+        if out == outs[0]:  # cold: compiled the graphs
+            assert printed['fx_cache_miss'] > 0 and train_time < 0.2 * printed['compile_s'], (train_time, printed)
+
+
+def test_the_summary_table_shows_compile_seconds_when_compiled():
+    from report import table
+    row = {'params': {'total': 1000, 'ffn': 500, 'extras': 0}, 'status': 'done', 'diff_to_baseline': None,
+           'final_val_loss': {'mean': 2.0, 'std': 0.1}, 'tok_s': 1000.0, 'train_time_s': 3.0}
+    eager = table({'baseline': 'gelu', 'variants': {'gelu': dict(row)}}).splitlines()
+    compiled = table({'baseline': 'gelu', 'variants': {'gelu': dict(row, compile_s=12.34)}}).splitlines()
+    assert 'compile' not in eager[0] and eager[2].endswith('| 3.0 s |')
+    assert compiled[0].endswith('| compile |') and compiled[2].endswith('| 3.0 s | 12.3 s |')
