@@ -48,9 +48,11 @@ prints the table on stdout (progress goes to stderr, so `python compare.py > sum
 All numbers come from the runs' own log.jsonl files (acts.png: their checkpoints), so the same runs always give the
 same summary.
 
-With --compile=True the runs share torch.compile's on-disk cache (common.compile_cache_dir(); clear it with
+Compiled runs (--compile=True, or by default on CUDA and for CPU runs large enough to pay for it: see train.py's
+use_compile) share torch.compile's on-disk cache (common.compile_cache_dir(); clear it with
 rm -rf ~/.cache/nanoffn/torchinductor): runs are started seed by seed, so the first seed compiles each variant's
-graphs once and the other seeds load them from the cache.
+graphs once and the other seeds load them from the cache. The summary then gives each variant's compile seconds
+apart from its train time.
 
 A scaling ladder (--sizes=2x64,3x96,4x128, n_layer x n_embd [x n_head]): the same comparison at every size, each an
 ordinary comparison in <out_dir>/<size>/ (reused and resumed as above, so adding a size extends a ladder), with the
@@ -71,7 +73,7 @@ import report
 import train
 from activations import check_variant
 from common import (LOCK_FD_ENV, checkpoint_field, compile_cache_dir, progress_bar, read_json, read_log,
-                    try_lock_run_dir, write_json)
+                    resolve_device, try_lock_run_dir, write_json)
 from configurator import RunStopped, UserError, parse_args, run_cli
 from report import PER_RUN_KEYS, fmt_value
 
@@ -134,6 +136,8 @@ def plan(cfg, given):
     # the settings every run shares: what the config file and the command line chose, nothing else (train.py's
     # defaults fill the rest, as they would for a plain train.py run)
     shared = {k: fmt_value(cfg[k]) for k in sorted(given) if k in train.DEFAULTS and k not in PER_RUN_KEYS}
+    if cfg['compile'] is None:  # decided here, once, so that every run of the comparison decides alike
+        shared['compile'] = fmt_value(resolve_compile(cfg)[0])
     seeds = [cfg['seed'] + i for i in range(cfg['seeds'])]
     runs = []
     for v in variants:
@@ -142,6 +146,17 @@ def plan(cfg, given):
             args = {**shared, 'ffn': v, 'seed': str(s), 'out_dir': d, **wandb_args(cfg, v, s)}
             runs.append(dict(variant=v, seed=s, dir=d, processes=cfg['nproc_per_run'], args=args))
     return variants, seeds, baseline, runs
+
+
+def resolve_compile(cfg):
+    """--compile for the runs, and why: as given, or train.py's rule (use_compile) applied to the training that
+    shares one compile, a variant over all its seeds (the first seed compiles its graphs, the others load them)."""
+    if cfg['compile'] is not None:
+        return cfg['compile'], f"--compile={cfg['compile']}"
+    steps = cfg['seeds'] * cfg['max_iters'] * cfg['gradient_accumulation_steps']
+    device_type = (resolve_device('auto') if cfg['device'] == 'auto' else cfg['device']).split(':')[0]
+    on, why = train.use_compile(device_type, steps)
+    return on, (f"a variant's {cfg['seeds']} seed(s): " + why) if device_type == 'cpu' else why
 
 
 def wandb_args(cfg, variant, seed):
@@ -517,6 +532,9 @@ def run_comparison(cfg, given):
     print(f"compare: {len(variants)} variants x {len(seeds)} seed(s) = {len(runs)} runs into {cfg['out_dir']} "
           f"({len(runs) - len(todo)} to reuse, {len(todo)} to train"
           + (f", {cfg['jobs']} at a time on GPUs {','.join(gpus)}" if gpus and todo else '') + ')', file=sys.stderr)
+    if todo:
+        on, why = resolve_compile(cfg)
+        print(f"compile {'on' if on else 'off'} ({why})", file=sys.stderr)
     statuses = {}
     t0 = time.time()
     pbar = progress_bar(len(runs), 'runs', unit='run')

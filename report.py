@@ -138,6 +138,9 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses):
     out = {'baseline': baseline, 'seeds': seeds, 'dataset': cfg['dataset'], 'settings': {}, 'variants': {}}
     # the settings that shape the comparison, whether chosen or left at train.py's defaults, then every other choice
     shown = {k: fmt_value(full[k]) for k in SHOWN_KEYS}
+    if full['compile'] is None:  # what train.py's rule chose: compiled runs log their compile seconds
+        compiled = any(m['compile_s'] is not None for ms in by_variant.values() for m in ms)
+        shown['compile'] = 'auto (on)' if compiled else 'auto (off)'
     out['settings'] = {**shown, **{k: v for k, v in runs[0]['args'].items() if k not in PER_RUN_KEYS and k not in shown}}
     base_vals = {m['seed']: m['final_val_loss'] for m in by_variant[baseline]}
     for v in variants:
@@ -375,10 +378,11 @@ def write_markdown(path, summary, cfg):
              f"{summary['baseline']} (same seed, so same batches), mean ± its std over seeds; resolved: a paired t-test at "
              f"95% (scipy.stats, Student's t with n-1 degrees of freedom). tok/s: median over log "
              f"lines; train time: optimizer steps only (evaluation and compilation excluded)"
+             + (f", measured with {cfg['jobs']} runs at a time" if cfg['jobs'] > 1 else '')
              + ("; compile: seconds each run spent compiling its graphs or loading them from the compile cache, mean "
                 "over seeds" if any(s.get('compile_s') is not None for s in summary['variants'].values()) else '')
-             + (f", measured with {cfg['jobs']} runs at a time" if cfg['jobs'] > 1 else '') + ". params: total (tied embedding counted "
-             "once); FFN: W_up/W_gate/W_down (all experts); extras: learned activation coefficients and MoA gates."]
+             + ". params: total (tied embedding counted once); FFN: W_up/W_gate/W_down (all experts); extras: learned "
+             "activation coefficients and MoA gates."]
     if summary['seed_std'] is not None:
         notes.append(f"Seed noise: std over seeds of the final val loss {summary['seed_std']:.4f} (pooled over "
                      f"variants); std of the paired differences {fmt_loss(summary['paired_diff_std'])} (pooled).")

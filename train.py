@@ -86,7 +86,7 @@ TRAIN_DEFAULTS = dict(
     # system
     device='auto',  # 'auto' (cuda, then mps, then cpu) | 'cpu' | 'cuda' | 'cuda:N' | 'mps'
     dtype='auto',  # 'auto' (bfloat16 where supported, else float32) | 'float32' | 'bfloat16' | 'float16'
-    compile=None,  # None = auto: on for CUDA, off elsewhere (see use_compile for why)
+    compile=None,  # None = auto: on for CUDA, and on a CPU for runs large enough to pay for it (see use_compile)
     compile_mode='regional',  # 'regional' (each Block compiled; one graph serves every layer) | 'whole' (the GPT)
     peak_flops=0.0,  # FLOP/s for MFU; 0 = from the GPU's name (H100/H200 989e12, A100 312e12), else MFU is null
     seed=1337,
@@ -111,13 +111,28 @@ DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
 # -----------------------------------------------------------------------------
 
 
-def use_compile(device_type):
-    """--compile's default. On CUDA always: a GPU step is short and launch-bound, so fused kernels pay for the
-    compile within the first steps of any real run. Elsewhere off unless asked: a single CPU run compiles on an empty
-    cache for tens of seconds on a 2-core machine (regional: each distinct Block graph once, for training and for
-    evaluation), and at the tiny CPU sizes measured (config/compare_shakespeare_char.py) even a warm cache only broke
-    even with eager on an idle machine. MPS support in Inductor is young."""
-    return device_type == 'cuda'
+# On a CPU, compiling pays once the training that shares one compile takes this many steps (forward-backward passes:
+# max_iters x gradient_accumulation_steps): one run for train.py, one variant over all its seeds for compare.py.
+# Measured on a 2-core CPU (BENCHMARKS.md, "When compiling pays on a CPU"): compiling costs 13-22 s per variant from
+# an empty cache and ~3 s per run from a warm one, whatever the model's size, and saves 27 ms per step on average over
+# the default comparison's 8 variants at its tiny size (2 layers, d = 64), more at larger sizes (235 ms at 4 layers,
+# d = 256). The fixed activations save least: GELU alone ~7 ms per step at the tiny size, nothing measurable at d = 256.
+CPU_COMPILE_STEPS = 800
+
+
+def use_compile(device_type, steps):
+    """--compile's default, and why, for training of `steps` steps that shares one compile (CPU_COMPILE_STEPS).
+    On CUDA always: a GPU step is short and launch-bound, so fused kernels pay for the compile within the first
+    steps of any real run. On a CPU from CPU_COMPILE_STEPS on: compiling costs a fixed number of seconds per variant
+    and saves a share of every step, so short runs finish sooner eager. MPS support in Inductor is young: eager."""
+    if device_type == 'cuda':
+        return True, 'on CUDA'
+    if device_type != 'cpu':
+        return False, f'on {device_type}'
+    if steps >= CPU_COMPILE_STEPS:
+        return True, f'{steps} steps, at least the {CPU_COMPILE_STEPS} from which compiling pays on a CPU'
+    return False, (f'{steps} steps, under the {CPU_COMPILE_STEPS} from which compiling pays on a CPU; '
+                   f'--compile=True compiles anyway')
 
 
 def check_config(cfg):
@@ -297,12 +312,14 @@ class Trainer:
         self.device, self.device_type = device, device.split(':')[0]
         self.master = self.rank == 0  # only the master process logs and writes checkpoints
         self.dtype = resolve_dtype(cfg['dtype'], self.device_type)
-        self.use_compile = cfg['compile'] if cfg['compile'] is not None else use_compile(self.device_type)
         if cfg['init_from'] == 'scratch' and os.path.exists(self.ckpt_path) and not cfg['overwrite']:
             raise UserError(f"{self.ckpt_path} already exists; resume it with --init_from=resume, choose another "
                             f"--out_dir, or pass --overwrite=True to replace it.")
         self.gas = cfg['gradient_accumulation_steps']
         self.tokens_per_iter = self.gas * self.world_size * cfg['batch_size'] * cfg['block_size']
+        self.use_compile, self.compile_reason = ((cfg['compile'], f"--compile={cfg['compile']}")
+                                                 if cfg['compile'] is not None else
+                                                 use_compile(self.device_type, cfg['max_iters'] * self.gas))
         # every rank seeds differently (dropout), DDP broadcasts rank 0's initial weights so the model starts identical
         random.seed(cfg['seed'] + self.rank)
         np.random.seed(cfg['seed'] + self.rank)
@@ -406,7 +423,7 @@ class Trainer:
               f"{self.tokens_per_iter:,} tokens per iteration ({self.world_size} process(es) x {self.gas} accumulation "
               f"steps x {cfg['batch_size']} x {cfg['block_size']})")
         print('parameters: ' + ', '.join(f"{k} {v:,}" for k, v in report.items()))
-        print(f"device {self.device}, dtype {self.dtype}, compile {self.use_compile}"
+        print(f"device {self.device}, dtype {self.dtype}, compile {self.use_compile} ({self.compile_reason})"
               + (f", resuming at iteration {self.iter_num}" if resumed else ''))
         self.wandb_run = self.start_wandb() if cfg['wandb_log'] else None
 

@@ -4,13 +4,14 @@
 #   python train.py config/shakespeare_char.py --ffn=polynorm --out_dir=out-sc-polynorm   # compare an FFN
 # Tokens: 2000 iterations x 12 x 64 = 1.5M tokens (~0.34 epoch of the 4.5M training characters).
 # Time: estimated from FLOPs, 6 * N * tokens with N ~ 0.8M parameters, is ~7e12 FLOPs: a few minutes on a
-# laptop CPU. Measured on a busy 2-core machine with OMP_NUM_THREADS=1: ~0.13 s/iteration, ~4.5 minutes.
-# Expect a validation loss around 1.9 (nanoGPT reports ~1.88 for this recipe).
+# laptop CPU. Measured on an idle 2-core machine with OMP_NUM_THREADS=1: 141 s eager, 130 s compiled on an empty
+# compile cache (18 s of it compiling); with --ffn=moa 275 s eager, 160 s compiled. 2000 steps is over the 800 from
+# which train.py compiles a CPU run by default (--compile=False runs eager); the losses agree to 4 decimals.
+# Best validation loss measured: 1.790 with gelu, 1.728 with moa (seed 1337; nanoGPT reports ~1.88 for this recipe).
 
 out_dir = 'out-shakespeare-char'
 dataset = 'shakespeare_char'
 device = 'cpu'  # small models run well on a CPU; pass --device=auto to use a GPU
-compile = False
 dtype = 'float32'
 
 eval_interval = 250

@@ -237,7 +237,7 @@ def test_configs_plan(name):
     assert baseline == 'gelu' and len(runs) == len(variants) * len(seeds)
     if name == 'compare_shakespeare_char':
         assert set(variants) >= {'gelu', 'relu2', 'swiglu', 'polyrelu', 'polynorm', 'la', 'moa', 'moa_glu'}
-        assert len(seeds) >= 3 and cfg['device'] == 'cpu' and cfg['compile'] is False and cfg['dtype'] == 'float32'
+        assert len(seeds) >= 3 and cfg['device'] == 'cpu' and cfg['compile'] is None and cfg['dtype'] == 'float32'
     else:
         assert cfg['dataset'] == 'openwebtext' and cfg['compile'] is True and cfg['dtype'] == 'bfloat16'
         assert (cfg['n_expert'], cfg['top_k']) == ((8, 2) if name.endswith('moe') else (0, 2))
@@ -249,3 +249,21 @@ def test_changed_settings_are_refused(compared, shakespeare_char_dir, capsys):
         run_cli(compare.main, argv + ['--learning_rate=0.01'])
     err = capsys.readouterr().err
     assert e.value.code == 2 and 'learning_rate' in err and '--overwrite=True' in err
+
+
+@pytest.mark.parametrize('seeds', [3, 2])
+def test_a_comparison_decides_compile_once_for_all_its_runs(seeds):
+    """--compile left to its default: compare.py applies train.py's rule to the training that shares one compile, a
+    variant over all its seeds (the default comparison: seeds x 300 steps), and gives every run the same answer."""
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        cfg, given = compare.parse_args(compare.DEFAULTS, ['config/compare_shakespeare_char.py', f'--seeds={seeds}'],
+                                        types=compare.train.TYPES)
+    finally:
+        os.chdir(cwd)
+    expected = seeds * 300 >= compare.train.CPU_COMPILE_STEPS
+    _, _, _, runs = compare.plan(cfg, given)
+    assert {r['args']['compile'] for r in runs} == {str(expected)}
+    on, why = compare.resolve_compile(cfg)
+    assert on is expected and why.startswith(f"a variant's {seeds} seed(s): {seeds * 300} steps")

@@ -170,3 +170,19 @@ def test_the_summary_table_shows_compile_seconds_when_compiled():
     compiled = table({'baseline': 'gelu', 'variants': {'gelu': dict(row, compile_s=12.34)}}).splitlines()
     assert 'compile' not in eager[0] and eager[2].endswith('| 3.0 s |')
     assert compiled[0].endswith('| compile |') and compiled[2].endswith('| 3.0 s | 12.3 s |')
+
+
+def test_compile_default_follows_the_number_of_steps():
+    """--compile left to its default: on CUDA always; on a CPU from CPU_COMPILE_STEPS steps on; never on MPS."""
+    from train import CPU_COMPILE_STEPS, use_compile
+    assert use_compile('cuda', 1)[0] is True
+    assert use_compile('cpu', CPU_COMPILE_STEPS)[0] is True and use_compile('cpu', CPU_COMPILE_STEPS - 1)[0] is False
+    assert use_compile('mps', 10 ** 9)[0] is False
+
+
+def test_a_small_cpu_run_says_why_it_is_not_compiled(shakespeare_char_dir, tmp_path):
+    p = train(shakespeare_char_dir, str(tmp_path / 'run'), '--compile=auto', '--max_iters=2', '--eval_interval=2')
+    assert_ok(p)
+    line = next(l for l in p.stdout.splitlines() if l.startswith('device '))
+    assert 'compile False (2 steps, under the' in line and '--compile=True' in line, line
+    assert all('compile_s' not in r for r in log(str(tmp_path / 'run')))
