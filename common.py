@@ -81,6 +81,17 @@ def compile_model(model, mode):
     return model
 
 
+def cpp_compiler_found():
+    """Whether Inductor finds a C++ compiler to build CPU kernels with ($CXX, else g++; clang++ on macOS): without
+    one, a CPU run asked to compile fails at its first step. (Importing Inductor to ask takes a few seconds.)"""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        get_cpp_compiler()
+        return True
+    except Exception:  # torch raises InvalidCxxCompiler; an unusual build may fail to import the builder at all
+        return False
+
+
 def compile_cache_dir():
     """Where torch.compile's on-disk caches live: $TORCHINDUCTOR_CACHE_DIR if set, else
     $XDG_CACHE_HOME/nanoffn/torchinductor (~/.cache/nanoffn/torchinductor). Inductor keeps there its FX graph cache

@@ -47,9 +47,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (COMPILE_MODES, autocast, compile_cache_dir, compile_model, compile_stats, load_checkpoint,
-                    lock_run_dir, model_state, progress_bar, read_log_lines, resolve_device, resolve_dtype,
-                    save_checkpoint)
+from common import (COMPILE_MODES, autocast, compile_cache_dir, compile_model, compile_stats, cpp_compiler_found,
+                    load_checkpoint, lock_run_dir, model_state, progress_bar, read_log_lines, resolve_device,
+                    resolve_dtype, save_checkpoint)
 from configurator import RunStopped, UserError, parse_args, run_cli
 from activations import check_variant
 from model import GPT, GPTConfig
@@ -129,10 +129,13 @@ def use_compile(device_type, steps):
         return True, 'on CUDA'
     if device_type != 'cpu':
         return False, f'on {device_type}'
-    if steps >= CPU_COMPILE_STEPS:
-        return True, f'{steps} steps, at least the {CPU_COMPILE_STEPS} from which compiling pays on a CPU'
-    return False, (f'{steps} steps, under the {CPU_COMPILE_STEPS} from which compiling pays on a CPU; '
-                   f'--compile=True compiles anyway')
+    if steps < CPU_COMPILE_STEPS:
+        return False, (f'{steps} steps, under the {CPU_COMPILE_STEPS} from which compiling pays on a CPU; '
+                       f'--compile=True compiles anyway')
+    if not cpp_compiler_found():  # a fresh machine may have Python but no compiler: run eager rather than fail
+        return False, (f'{steps} steps would pay for compiling, but torch.compile finds no C++ compiler to build CPU '
+                       f'kernels with: install g++ (or clang++), or set $CXX, to compile')
+    return True, f'{steps} steps, at least the {CPU_COMPILE_STEPS} from which compiling pays on a CPU'
 
 
 def check_config(cfg):

@@ -6,6 +6,7 @@ A cold compile costs tens of seconds on a 2-core CPU, so every run here has the 
 shares one cache directory: only the first process compiles, the others load."""
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -15,7 +16,7 @@ from common import model_state
 from model import GPT, GPTConfig
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_train import assert_ok, log, train  # noqa: E402
+from test_train import ROOT, assert_ok, log, train  # noqa: E402
 
 SHAPE = ['--n_layer=2', '--max_iters=7', '--eval_interval=3', '--log_interval=2', '--ffn=polynorm']
 
@@ -178,6 +179,15 @@ def test_compile_default_follows_the_number_of_steps():
     assert use_compile('cuda', 1)[0] is True
     assert use_compile('cpu', CPU_COMPILE_STEPS)[0] is True and use_compile('cpu', CPU_COMPILE_STEPS - 1)[0] is False
     assert use_compile('mps', 10 ** 9)[0] is False
+
+
+def test_without_a_cpp_compiler_a_cpu_run_stays_eager_and_says_why():
+    """Inductor builds CPU kernels with $CXX (else g++): pointed at no compiler, the default is eager, not a crash."""
+    code = "from train import use_compile; print(use_compile('cpu', 10 ** 6))"
+    p = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, 'CXX': '/nonexistent/g++'})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.startswith('(False,') and 'no C++ compiler' in p.stdout, p.stdout
 
 
 def test_a_small_cpu_run_says_why_it_is_not_compiled(shakespeare_char_dir, tmp_path):
