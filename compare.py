@@ -136,7 +136,9 @@ def plan(cfg, given):
     # the settings every run shares: what the config file and the command line chose, nothing else (train.py's
     # defaults fill the rest, as they would for a plain train.py run)
     shared = {k: fmt_value(cfg[k]) for k in sorted(given) if k in train.DEFAULTS and k not in PER_RUN_KEYS}
-    if cfg['compile'] is None:  # decided here, once, so that every run of the comparison decides alike
+    if cfg['compile'] is None and not (cfg['plan'] and cfg['device'] == 'auto'):
+        # decided here, once, so that every run of the comparison decides alike (a --plan for device=auto leaves it to
+        # each run, on the machine it runs on, which need not be this one)
         shared['compile'] = fmt_value(resolve_compile(cfg)[0])
     seeds = [cfg['seed'] + i for i in range(cfg['seeds'])]
     runs = []
@@ -180,9 +182,11 @@ def record_args(run):
 
 def identifies(key):
     """Whether a train.py key is part of what a run is: not where it lives or how it starts (WHERE_KEYS), nor its
-    experiment tracking (wandb_*), which does not change what is trained: a run trained without it is reused with it
-    and the other way round."""
-    return key not in WHERE_KEYS and not key.startswith('wandb_')
+    experiment tracking (wandb_*), nor whether it was compiled (compile, compile_mode: the same training, with final
+    losses within 5e-4 of each other, far inside seed noise): a run trained without them is reused with them and the
+    other way round. So adding a seed, which can tip the compile rule, keeps the finished runs; the summary says when a
+    comparison's runs differ in compilation, as their times then do not compare."""
+    return key not in WHERE_KEYS and not key.startswith('wandb_') and key not in ('compile', 'compile_mode')
 
 
 def full_settings(args, processes=1):

@@ -138,9 +138,12 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses):
     out = {'baseline': baseline, 'seeds': seeds, 'dataset': cfg['dataset'], 'settings': {}, 'variants': {}}
     # the settings that shape the comparison, whether chosen or left at train.py's defaults, then every other choice
     shown = {k: fmt_value(full[k]) for k in SHOWN_KEYS}
-    if full['compile'] is None:  # what train.py's rule chose: compiled runs log their compile seconds
-        compiled = any(m['compile_s'] is not None for ms in by_variant.values() for m in ms)
-        shown['compile'] = 'auto (on)' if compiled else 'auto (off)'
+    # what the runs did (compiled runs log compile_s), which reused runs may not share with this command's setting
+    compiled = [m['compile_s'] is not None for ms in by_variant.values() for m in ms]
+    shown['compile'] = ('on' if all(compiled) else 'off' if not any(compiled) else
+                        f"mixed ({sum(compiled)} of {len(compiled)} runs compiled, so their times do not compare)")
+    if full['compile'] is None:
+        shown['compile'] += ' (auto)'
     out['settings'] = {**shown, **{k: v for k, v in runs[0]['args'].items() if k not in PER_RUN_KEYS and k not in shown}}
     base_vals = {m['seed']: m['final_val_loss'] for m in by_variant[baseline]}
     for v in variants:

@@ -320,9 +320,6 @@ class Trainer:
                             f"--out_dir, or pass --overwrite=True to replace it.")
         self.gas = cfg['gradient_accumulation_steps']
         self.tokens_per_iter = self.gas * self.world_size * cfg['batch_size'] * cfg['block_size']
-        self.use_compile, self.compile_reason = ((cfg['compile'], f"--compile={cfg['compile']}")
-                                                 if cfg['compile'] is not None else
-                                                 use_compile(self.device_type, cfg['max_iters'] * self.gas))
         # every rank seeds differently (dropout), DDP broadcasts rank 0's initial weights so the model starts identical
         random.seed(cfg['seed'] + self.rank)
         np.random.seed(cfg['seed'] + self.rank)
@@ -373,6 +370,10 @@ class Trainer:
         self.compile_before = 0.0  # seconds spent compiling by the earlier processes of a resumed run
         if checkpoint is not None:
             self.restore(checkpoint)
+        steps_left = (cfg['max_iters'] - self.iter_num) * self.gas  # what compiling could save, resumed or not
+        self.use_compile, self.compile_reason = ((cfg['compile'], f"--compile={cfg['compile']}")
+                                                 if cfg['compile'] is not None else
+                                                 use_compile(self.device_type, steps_left))
         if self.use_compile:
             if self.master:
                 print(f"compiling ({cfg['compile_mode']}) on first use; compiled code is cached in "

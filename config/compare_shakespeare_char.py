@@ -39,13 +39,13 @@ threads = 1
 
 dataset = 'shakespeare_char'
 device = 'cpu'
-# compile: not set, so train.py's rule decides for all runs alike: each variant trains 3 seeds x 1.8e11 = 5.4e11
-# FLOPs, over the 5e11 from which compiling pays on a CPU, so the runs compile (each variant's first seed compiles,
-# the other seeds load its graphs from the on-disk cache). Measured back to back on this 2-core machine, the 24 runs
-# took 277 s compiled from an empty cache against 288 s eager, and 236 s against 259 s (its speed drifts by a third
-# between runs, so only back-to-back pairs compare); 226 s with the cache already filled. Compiled, the learned
-# activations' tok/s are 0.70-1.00x gelu's instead of 0.31-0.60x: the time panel shows what a step costs, not what
-# eager PyTorch makes of it. Final losses agree with eager within 6e-4. --compile=False runs eager.
+# compile: not set, so train.py's rule decides for all runs alike: each variant trains 3 seeds x 300 = 900 steps,
+# over the 800 from which compiling pays on a CPU, so the runs compile (each variant's first seed compiles, the
+# other seeds load its graphs from the on-disk cache). Measured back to back on a 2-core machine, the 24 runs took
+# 0.89-0.96x the eager time compiled from an empty cache (three pairs; its speed drifts by a third between runs, so
+# only back-to-back pairs compare) and 0.78x with the cache already filled. Compiled, the learned activations' tok/s
+# are 0.66-1.01x gelu's instead of 0.31-0.60x: the time panel shows what a step costs, not what eager PyTorch makes
+# of it. Final losses agree with eager within 6e-4. --compile=False runs eager.
 dtype = 'float32'
 
 n_layer = 2

@@ -236,12 +236,34 @@ def test_polynorm_half_precision_autocast_large_inputs(order, dtype):
     assert rel_rms < 0.02, rel_rms
 
 
+def dynamo_ops(fn, *args):
+    """The operations torch.compile's graph capture (Dynamo) records for fn(*args), by name."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=record, fullgraph=True)(*args)
+    return [getattr(n.target, "__name__", str(n.target)) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("variant", ["polyrelu", "polynorm", "la", "moa", "la_glu", "moa_glu", "polynorm_glu"])
+def test_compiled_learned_activations_hold_no_custom_autograd_function(variant):
+    """Compiled, the learned activations run their plain formulas: the captured graph holds no custom autograd
+    Function, which AOTAutograd's on-disk cache would refuse to store. The lean Function, compiled, does show up."""
+    ffn = FFN(GPTConfig(n_embd=32, n_head=4, ffn=variant))
+    assert "autograd_function_apply" not in dynamo_ops(ffn, torch.randn(2, 8, 32))
+    h, c = torch.randn(2, 8, 40, requires_grad=True), torch.randn(6, requires_grad=True)
+    assert "autograd_function_apply" in dynamo_ops(lambda h, c: A._MixFunction.apply(h, c, tuple(A.BASIS)), h, c)
+
+
 @pytest.mark.parametrize("variant", ["polynorm", "la_glu", "moa_glu"])
-def test_compiled_path_is_the_plain_formula_in_fp32_under_autocast(variant):
-    """Compiled, the learned activations run their plain references instead of the lean Functions. Traced by
-    torch.compile's aot_eager backend (the compiled path, without Inductor's code generation) under fp16 autocast with
-    inputs up to |h| = 50, where h^6 or relu(h)^2 products overflow fp16 unless computed in fp32: the compiled FFN
-    stays finite and equals the eager FFN, whose Functions widen to fp32 explicitly."""
+def test_compiled_path_computes_in_fp32_under_autocast(variant):
+    """Traced by torch.compile's aot_eager backend (the compiled path, without Inductor's code generation) under fp16
+    autocast with inputs up to |h| = 50, where h^6 or relu(h)^2 products overflow fp16 unless computed in fp32: the
+    compiled FFN stays finite and equals the eager FFN, whose Functions widen to fp32 explicitly."""
     torch.manual_seed(2)
     ffn = FFN(GPTConfig(n_embd=32, n_head=4, ffn=variant))
     for p in ffn.parameters():

@@ -252,9 +252,10 @@ def test_changed_settings_are_refused(compared, shakespeare_char_dir, capsys):
 
 
 @pytest.mark.parametrize('seeds', [3, 2])
-def test_a_comparison_decides_compile_once_for_all_its_runs(seeds):
+def test_a_comparison_decides_compile_once_for_all_its_runs(seeds, monkeypatch):
     """--compile left to its default: compare.py applies train.py's rule to the training that shares one compile, a
     variant over all its seeds (the default comparison: seeds x 300 steps), and gives every run the same answer."""
+    monkeypatch.setattr(compare.train, 'cpp_compiler_found', lambda: True)  # the rule itself, on any machine
     cwd = os.getcwd()
     os.chdir(REPO)
     try:
@@ -267,3 +268,13 @@ def test_a_comparison_decides_compile_once_for_all_its_runs(seeds):
     assert {r['args']['compile'] for r in runs} == {str(expected)}
     on, why = compare.resolve_compile(cfg)
     assert on is expected and why.startswith(f"a variant's {seeds} seed(s): {seeds * 300} steps")
+
+
+def test_a_compile_setting_does_not_make_finished_runs_stale(compared):
+    """Whether runs are compiled does not identify them (the same training, losses within 5e-4): the comparison's
+    eager runs are reused under --compile=True, nothing retrains, and the summary says the runs were not compiled."""
+    argv, out, _ = compared
+    stdout = run_compare(argv + ['--compile=True'])
+    assert stdout.count('reused (finished)') == len(VARIANTS) * len(SEEDS) and 'trained in' not in stdout
+    with open(os.path.join(out, 'summary.json')) as f:
+        assert json.load(f)['settings']['compile'] == 'off'

@@ -173,9 +173,12 @@ def test_the_summary_table_shows_compile_seconds_when_compiled():
     assert compiled[0].endswith('| compile |') and compiled[2].endswith('| 3.0 s | 12.3 s |')
 
 
-def test_compile_default_follows_the_number_of_steps():
-    """--compile left to its default: on CUDA always; on a CPU from CPU_COMPILE_STEPS steps on; never on MPS."""
+def test_compile_default_follows_the_number_of_steps(monkeypatch):
+    """--compile left to its default: on CUDA always; on a CPU from CPU_COMPILE_STEPS steps on (given a C++
+    compiler: see the next test); never on MPS."""
+    import train
     from train import CPU_COMPILE_STEPS, use_compile
+    monkeypatch.setattr(train, 'cpp_compiler_found', lambda: True)
     assert use_compile('cuda', 1)[0] is True
     assert use_compile('cpu', CPU_COMPILE_STEPS)[0] is True and use_compile('cpu', CPU_COMPILE_STEPS - 1)[0] is False
     assert use_compile('mps', 10 ** 9)[0] is False
