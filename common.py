@@ -66,8 +66,8 @@ def compile_model(model, mode):
     """Compile a GPT for training; returns what to call in place of the model.
     regional: every transformer Block is compiled in place (nn.Module.compile). The blocks run the same code on
       parameters of the same shapes, and Dynamo passes a module's parameters to the graph as inputs, so ONE compiled
-      graph serves every layer: it is traced and built once, whatever the depth. The embedding, final norm and loss stay eager,
-      and the model's state_dict keeps its plain keys. This is PyTorch's "regional compilation" recipe.
+      graph serves every layer: it is traced and built once, whatever the depth. The embedding, final norm and loss
+      stay eager, and the model's state_dict keeps its plain keys. This is PyTorch's "regional compilation" recipe.
     whole: torch.compile of the whole GPT (one graph with the loss in it; the returned module is a wrapper whose
       state_dict keys start with '_orig_mod.'). Compiles every layer's code into one graph: more compile time, but
       Inductor can fuse across block boundaries and into the loss.

@@ -164,7 +164,8 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses):
             'tokens': max(m['tokens'] for m in ms),
             'learned': learned_mean([m['act'] for m in ms]),
             'runs': [{k: m[k] for k in ('seed', 'dir', 'status', 'iters', 'tokens', 'final_val_loss', 'final_train_loss',
-                                        'train_time_s', 'compile_s', 'tok_s', 'batch_hash', 'val_hash', 'act')} for m in ms],
+                                        'train_time_s', 'compile_s', 'tok_s', 'batch_hash', 'val_hash', 'act')}
+                     for m in ms],
         }
     # seed noise: the std over seeds of the final validation loss, pooled over variants (root mean variance), and
     # of the paired differences to the baseline (smaller: a seed fixes the batches every variant sees)
@@ -231,9 +232,14 @@ def _count(n):
     return f'{n / 1e6:.2f}M' if n >= 1e6 else f'{n / 1e3:.1f}k' if n >= 1e3 else str(n)
 
 
+def any_compiled(summary):
+    """Whether any variant's runs were compiled (they log their compile seconds)."""
+    return any(s.get('compile_s') is not None for s in summary['variants'].values())
+
+
 def table(summary):
     base = summary['baseline']
-    compiled = any(s.get('compile_s') is not None for s in summary['variants'].values())
+    compiled = any_compiled(summary)
     rows = ['| variant | params | FFN | extras | final val loss (mean ± std) | Δ vs ' + base +
             ' (± std) | resolved? | tok/s | train time |' + (' compile |' if compiled else ''),
             '|---|---:|---:|---:|---:|---:|:---:|---:|---:|' + ('---:|' if compiled else '')]
@@ -383,7 +389,7 @@ def write_markdown(path, summary, cfg):
              f"lines; train time: optimizer steps only (evaluation and compilation excluded)"
              + (f", measured with {cfg['jobs']} runs at a time" if cfg['jobs'] > 1 else '')
              + ("; compile: seconds each run spent compiling its graphs or loading them from the compile cache, mean "
-                "over seeds" if any(s.get('compile_s') is not None for s in summary['variants'].values()) else '')
+                "over seeds" if any_compiled(summary) else '')
              + ". params: total (tied embedding counted once); FFN: W_up/W_gate/W_down (all experts); extras: learned "
              "activation coefficients and MoA gates."]
     if summary['seed_std'] is not None:
@@ -461,7 +467,8 @@ def plot(path, summary, by_variant, cfg):
             if len(trains) > 1:
                 axes[2].fill_between(x, loss.min(0), loss.max(0), color=c, alpha=0.2, linewidth=0)
     axes[0].set(xlabel='training tokens', ylabel='validation loss', title='validation loss (mean, band: min–max over seeds)')
-    axes[1].set(xlabel='training time (s, evaluation and compilation excluded)', ylabel='validation loss', title='validation loss against time')
+    axes[1].set(xlabel='training time (s, evaluation and compilation excluded)', ylabel='validation loss',
+                title='validation loss against time')
     axes[2].set(xlabel='training tokens', ylabel='training loss (EMA)', title=f"training loss (EMA {cfg['smooth']})")
     for ax in axes:
         ax.grid(alpha=0.3)

@@ -246,7 +246,8 @@ def dynamo_ops(fn, *args):
 
     torch._dynamo.reset()
     torch.compile(fn, backend=record, fullgraph=True)(*args)
-    return [getattr(n.target, "__name__", str(n.target)) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    nodes = [n for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    return [getattr(n.target, "__name__", str(n.target)) for n in nodes]
 
 
 @pytest.mark.parametrize("variant", ["polyrelu", "polynorm", "la", "moa", "la_glu", "moa_glu", "polynorm_glu"])
