@@ -56,6 +56,14 @@ def _silu_grad(h):
     return s * (1.0 + h * (1.0 - s))
 
 
+def _tanh(h):
+    """tanh(h), computed as 2σ(2h) − 1 (the same function). Why: on a CPU, torch.tanh's vectorised kernel costs as
+    much as the other five entries of the default dictionary together, and σ is one exp and one division, so the
+    compiled mixture kernels (LA, MoA) take a quarter to a third less time. What it costs: an absolute error up to
+    2e-7 in fp32 (torch.tanh: 5e-8), the rounding of σ near 1/2, so a relative error above 1% where |h| < 2e-5."""
+    return 2.0 * torch.sigmoid(2.0 * h) - 1.0
+
+
 # name -> (φ, φ')
 BASIS = {
     "identity": (lambda h: h, lambda h: 1.0),  # a scalar slope broadcasts; no tensor of ones
@@ -63,7 +71,7 @@ BASIS = {
     "relu2": (lambda h: torch.relu(h).square(), lambda h: 2.0 * torch.relu(h)),
     "gelu": (F.gelu, _gelu_grad),
     "silu": (F.silu, _silu_grad),
-    "tanh": (torch.tanh, lambda h: 1.0 - torch.tanh(h).square()),
+    "tanh": (_tanh, lambda h: 1.0 - _tanh(h).square()),
 }
 
 

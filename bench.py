@@ -32,10 +32,15 @@ Prints a markdown table and writes everything, raw step times included, to the J
 compilation (common.compile_model): a fresh Python process builds the model and times its first training step (which
 compiles forward and backward), the next `warmup` steps (the step time, compiled) and its first evaluation forward
 (no_grad, eval mode: a graph of its own), and reads Dynamo's compile seconds and the FX graph / AOTAutograd cache
-counters (common.compile_stats). Cold: the process starts on an empty cache directory. Warm: a second process on the
-directory the cold one filled, as every later run of the same variant finds it. The processes are interleaved
-(variant by variant: regional cold, whole cold, regional warm, whole warm), each with `threads` threads, after one
-unrecorded cold compile that loads torch and the C++ compiler from disk.
+counters (common.compile_stats). Cold: the process starts on a cache directory that holds nothing of this model, as
+the first run of each variant of a comparison finds it. Before it, a separate process compiles a one-line function
+there, which does Inductor's set-up of a new cache directory: it test-builds a small C++ program for each vector
+instruction set the CPU may have and precompiles the kernels' common header. That set-up is paid once per cache
+directory, not per variant or per run (nanoFFN keeps one directory for every run on the machine, see
+common.compile_cache_dir), so it is reported in a column of its own ("setup s") rather than in the cold compile.
+Warm: a second process on the directory the cold one filled, as every later run of the same variant finds it. The
+processes are interleaved (variant by variant: regional cold, whole cold, regional warm, whole warm), each with
+`threads` threads.
 
 Settings: --key=value overrides of the defaults below (see configurator.py), plus every field of model.GPTConfig
 except ffn (the variants choose it).
@@ -44,6 +49,7 @@ import dataclasses
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -77,6 +83,7 @@ BENCH_DEFAULTS = dict(
     seed=1337,
     compile_mode="regional",  # regional (every Block) | whole (the GPT): what --compile=True compiles
     compile_time=False,  # measure compile time (cold and warm cache, whole vs regional) instead of step time
+    compile_rounds=1,  # with compile_time: rounds of every (variant, mode, cold/warm) process; the table gives medians
     threads=0,  # CPU threads for torch (0: torch's default). On a CPU shared with other jobs, 1 avoids the
     #             OpenMP threads waiting on each other, which can make small steps many times slower
 )
@@ -403,56 +410,87 @@ def compile_probe(cfg, variant, mode):
 
 
 PROBE = "import bench, json, sys; print(json.dumps(bench.compile_probe(json.loads(sys.argv[1]), *sys.argv[2:])))"
+# Inductor's set-up of a new cache directory (vector instruction set checks, the precompiled header), done by
+# compiling a function that shares no kernel with a GPT
+SETUP = ("import time, torch; t0 = time.perf_counter(); "
+         "torch.compile(lambda x: torch.sin(x) + 1.0, dynamic=False)(torch.randn(3, device='{device}')); "
+         "print(time.perf_counter() - t0)")
 
 
-def run_probe(cfg, variant, mode, cache_dir):
-    """compile_probe in a fresh Python process whose compile caches live in cache_dir."""
+def in_fresh_process(code, args, cache_dir, what):
+    """Run `python -c code *args` with its compile caches in cache_dir; returns the last line it printed."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir}
-    p = subprocess.run([sys.executable, "-c", PROBE, json.dumps(cfg), variant, mode],
-                       cwd=os.path.dirname(os.path.abspath(__file__)), env=env, capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-c", code, *args], cwd=os.path.dirname(os.path.abspath(__file__)), env=env,
+                       capture_output=True, text=True)
     if p.returncode != 0:
-        raise RuntimeError(f"compile probe {variant} {mode} failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{what} failed:\n{p.stderr[-3000:]}")
+    return p.stdout.strip().splitlines()[-1]
+
+
+def run_probe(cfg, variant, mode, cache_dir, cache):
+    """compile_probe in a fresh Python process whose compile caches live in cache_dir. A cold probe that found any
+    of its graphs cached would time a load, not a compile: that is an error, not a number."""
+    what = f"compile probe {variant} {mode} {cache}"
+    r = dict(json.loads(in_fresh_process(PROBE, [json.dumps(cfg), variant, mode], cache_dir, what)), cache=cache)
+    if cache == "cold" and r["fx_cache_hit"] + r["aot_cache_hit"] > 0:
+        raise RuntimeError(f"{what} found graphs in its cache, so it did not compile from scratch: {r}")
+    return r
 
 
 def compile_times(cfg, log=print):
-    """compile_probe for every variant x (whole, regional) x (cold, warm cache); returns the JSON-able report."""
+    """compile_probe for every variant x (whole, regional) x (cold, warm cache), `compile_rounds` times over;
+    returns the JSON-able report."""
     variants, _, device, _ = resolve(cfg)
     load_before, t0, results = os.getloadavg(), time.time(), []
     with tempfile.TemporaryDirectory(prefix="nanoffn-compile-cache-") as tmp:
-        # a first compile, not recorded: the first process after a while also pays for reading torch, Python's
-        # modules and the C++ compiler from disk (measured here: 35 s instead of 20 s for the same cold compile)
-        log(f"priming: one unrecorded cold compile of {variants[0]}")
-        run_probe(cfg, variants[0], COMPILE_MODES[0], os.path.join(tmp, "priming"))
-        for variant in variants:
-            for cache in ("cold", "warm"):  # warm: the directory the cold process of the same mode filled
-                for mode in COMPILE_MODES:
-                    r = dict(run_probe(cfg, variant, mode, os.path.join(tmp, f"{variant}-{mode}")), cache=cache)
-                    results.append(r)
-                    log(f"{variant:13s} {mode:8s} {cache}: compile {r['wall_compile_s']:.1f} s, "
-                        f"step {r['step_s'] * 1e3:.0f} ms")
+        # the one-time set-up, done once and copied: every cold directory starts as a set-up, model-free one
+        setup_dir = os.path.join(tmp, "setup")
+        setup_s = float(in_fresh_process(SETUP.format(device=device), [], setup_dir,
+                                         "Inductor's set-up of a cache directory"))
+        log(f"Inductor's set-up of a new cache directory: {setup_s:.1f} s (not part of the compile times below)")
+        for round in range(cfg["compile_rounds"]):
+            for variant in variants:
+                for cache in ("cold", "warm"):  # warm: the directory the cold process of the same mode filled
+                    for mode in COMPILE_MODES:
+                        cache_dir = os.path.join(tmp, f"{variant}-{mode}-{round}")
+                        if cache == "cold":
+                            shutil.copytree(setup_dir, cache_dir)
+                        r = run_probe(cfg, variant, mode, cache_dir, cache) | dict(round=round)
+                        results.append(r)
+                        log(f"round {round + 1}/{cfg['compile_rounds']} {variant:13s} {mode:8s} {cache}: compile "
+                            f"{r['wall_compile_s']:.1f} s, step {r['step_s'] * 1e3:.0f} ms")
     return dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 command="python bench.py " + " ".join(cfg.get("_argv", [])), machine=machine(device),
                 load_average=dict(start=load_before, end=os.getloadavg()), wall_s=time.time() - t0,
-                model={k: cfg[k] for k in MODEL_DEFAULTS}, results=results)
+                model={k: cfg[k] for k in MODEL_DEFAULTS}, setup_s=setup_s, results=results)
 
 
 def compile_table(results):
-    """One row per variant and mode: compile seconds cold and warm, and the ratios the two questions ask:
-    regional / whole (cold) and warm / cold."""
-    at = {(r["variant"], r["mode"], r["cache"]): r for r in results}
+    """One row per variant and mode: compile seconds cold and warm (medians over the rounds, with their range when
+    there are several), and the ratios the two questions ask: regional / whole (cold) and warm / cold."""
+    runs = {}
+    for r in results:
+        runs.setdefault((r["variant"], r["mode"], r["cache"]), []).append(r)
+    med = lambda key, field: statistics.median(r[field] for r in runs[key])
+
+    def seconds(key):
+        values = sorted(r["wall_compile_s"] for r in runs[key])
+        spread = f" ({values[0]:.1f}-{values[-1]:.1f})" if len(values) > 1 else ""
+        return f"{statistics.median(values):.1f}{spread}"
+
     head = ["variant", "mode", "cold compile s", "warm compile s", "warm / cold", "regional / whole (cold)",
-            "step ms", "graphs", "warm FX hits", "warm AOT hits"]
+            "step ms", "graphs", "warm FX hits", "warm AOT hits", "rounds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (variant, mode, cache), cold in at.items():
+    for variant, mode, cache in runs:
         if cache != "cold":
             continue
-        warm, whole = at[(variant, mode, "warm")], at[(variant, "whole", "cold")]
-        row = [variant, mode, f"{cold['wall_compile_s']:.1f}", f"{warm['wall_compile_s']:.1f}",
-               f"{warm['wall_compile_s'] / cold['wall_compile_s']:.2f}",
-               f"{cold['wall_compile_s'] / whole['wall_compile_s']:.2f}", f"{cold['step_s'] * 1e3:.1f}",
-               f"{cold['graphs']}", f"{warm['fx_cache_hit']}/{warm['fx_cache_hit'] + warm['fx_cache_miss']}",
-               f"{warm['aot_cache_hit']}/{warm['aot_cache_hit'] + warm['aot_cache_miss']}"]
+        cold, warm, whole = (variant, mode, "cold"), (variant, mode, "warm"), (variant, "whole", "cold")
+        hits = lambda kind: (f"{sum(r[kind + '_cache_hit'] for r in runs[warm])}/"
+                             f"{sum(r[kind + '_cache_hit'] + r[kind + '_cache_miss'] for r in runs[warm])}")
+        row = [variant, mode, seconds(cold), seconds(warm),
+               f"{med(warm, 'wall_compile_s') / med(cold, 'wall_compile_s'):.2f}",
+               f"{med(cold, 'wall_compile_s') / med(whole, 'wall_compile_s'):.2f}", f"{med(cold, 'step_s') * 1e3:.1f}",
+               f"{runs[cold][0]['graphs']}", hits("fx"), hits("aot"), f"{len(runs[cold])}"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -503,6 +541,8 @@ def main(argv):
         return
     if cfg["compile_time"]:
         report = compile_times(cfg, log=lambda s: print(s, file=sys.stderr))
+        print(f"Inductor's one-time set-up of a new cache directory took {report['setup_s']:.1f} s; it is not part of "
+              f"the cold compiles below (every cold process starts on a set-up directory without this model in it).\n")
         print(compile_table(report["results"]))
         write_report(cfg, report)
         return

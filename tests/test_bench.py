@@ -100,3 +100,30 @@ def test_moe_rows_are_timed_against_their_dense_twin(tmp_path):
     assert moe["ratios"]["moe_vs_dense_step_time"] == pytest.approx(
         statistics.median(moe["step_time_s"]["times"]) / statistics.median(dense["step_time_s"]["times"]))
     assert "moe_vs_dense_step_time" not in dense["ratios"]
+
+
+def probe_result(variant, mode, cache, seconds, hits=0, round=0):
+    """One compile probe's record as compile_probe and run_probe write it."""
+    return dict(variant=variant, mode=mode, cache=cache, round=round, wall_compile_s=seconds, step_s=0.5, graphs=2,
+                fx_cache_hit=hits, fx_cache_miss=3 - hits, aot_cache_hit=min(hits, 2), aot_cache_miss=2 - min(hits, 2))
+
+
+def test_compile_table_gives_medians_over_rounds_and_their_ratios():
+    cold = {"regional": [10.0, 14.0, 11.0], "whole": [30.0, 20.0, 24.0]}  # medians 11 and 24
+    warm = {"regional": [2.0, 1.0, 9.0], "whole": [3.0, 3.0, 3.0]}  # medians 2 and 3
+    results = [probe_result("moa", mode, cache, s[mode][i], hits=3 if cache == "warm" else 0, round=i)
+               for i in range(3) for cache, s in (("cold", cold), ("warm", warm)) for mode in ("regional", "whole")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in bench.compile_table(results).splitlines()]
+    rows = {row[1]: row for row in cells[2:]}
+    assert rows["regional"][2:7] == ["11.0 (10.0-14.0)", "2.0 (1.0-9.0)", f"{2 / 11:.2f}", f"{11 / 24:.2f}", "500.0"]
+    assert rows["whole"][2:6] == ["24.0 (20.0-30.0)", "3.0 (3.0-3.0)", f"{3 / 24:.2f}", "1.00"]
+    assert rows["regional"][8:11] == ["9/9", "6/6", "3"]  # FX and AOT hits summed over the 3 warm rounds
+
+
+def test_a_cold_probe_that_finds_its_graphs_cached_is_refused(monkeypatch):
+    # a cold compile time measured on a cache that already held the graphs would be a load time
+    monkeypatch.setattr(bench, "in_fresh_process",
+                        lambda *a: json.dumps(probe_result("gelu", "regional", "cold", 3.0, hits=3)))
+    with pytest.raises(RuntimeError, match="did not compile from scratch"):
+        bench.run_probe({}, "gelu", "regional", "/nonexistent", "cold")
+    assert bench.run_probe({}, "gelu", "regional", "/nonexistent", "warm")["fx_cache_hit"] == 3
