@@ -33,14 +33,14 @@ compilation (common.compile_model): a fresh Python process builds the model and 
 compiles forward and backward), the next `warmup` steps (the step time, compiled) and its first evaluation forward
 (no_grad, eval mode: a graph of its own), and reads Dynamo's compile seconds and the FX graph / AOTAutograd cache
 counters (common.compile_stats). Cold: the process starts on a cache directory that holds nothing of this model, as
-the first run of each variant of a comparison finds it. Before it, a separate process compiles a one-line function
-there, which does Inductor's set-up of a new cache directory: it test-builds a small C++ program for each vector
-instruction set the CPU may have and precompiles the kernels' common header. That set-up is paid once per cache
-directory, not per variant or per run (nanoFFN keeps one directory for every run on the machine, see
-common.compile_cache_dir), so it is reported in a column of its own ("setup s") rather than in the cold compile.
-Warm: a second process on the directory the cold one filled, as every later run of the same variant finds it. The
-processes are interleaved (variant by variant: regional cold, whole cold, regional warm, whole warm), each with
-`threads` threads.
+the first run of each variant of a comparison finds it. Inductor's set-up of a new cache directory (it builds and
+loads a small test program for each vector instruction set the CPU reports) is paid once per directory, not per
+variant or per run (nanoFFN keeps one directory for every run on the machine, see common.compile_cache_dir): it is
+done once, by compiling a one-line function in a process of its own, timed and reported above the table, and every
+cold process starts on a copy of that set-up directory. A cold process that finds any of its graphs cached is an
+error. Warm: a second process on the directory the cold one filled, as every later run of the same variant finds
+it. The processes are interleaved (variant by variant: regional cold, whole cold, regional warm, whole warm), each
+with `threads` threads, `compile_rounds` times over; the table gives medians over the rounds and their range.
 
 Settings: --key=value overrides of the defaults below (see configurator.py), plus every field of model.GPTConfig
 except ffn (the variants choose it).
