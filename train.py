@@ -116,9 +116,9 @@ DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
 # Measured on a 2-core CPU (BENCHMARKS.md, "When compiling pays on a CPU"): compiling costs 12-18 s per variant whose
 # graphs are not cached yet and ~3 s per run when they are, whatever the model's size, and saves 24-27 ms per step on
 # average over the default comparison's 8 variants at its tiny size (2 layers, d = 64), more at larger sizes (255 ms
-# at 4 layers, d = 256). So it breaks even after ~1,000 steps on a fresh cache and ~350 with the graphs cached; 800
+# at 4 layers, d = 256). So it breaks even after ~1,000 steps on a fresh cache and ~330 with the graphs cached; 800
 # lies between, because a machine compiles a graph once and then loads it in every rerun, added seed and comparison
-# of the same shape. The fixed activations save least: GELU alone ~5 ms per step at the tiny size, nothing at d = 256.
+# of the same shape. The fixed activations save least: GELU alone 5-8 ms per step at the tiny size, nothing at d = 256.
 CPU_COMPILE_STEPS = 800
 
 

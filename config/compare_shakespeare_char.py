@@ -41,10 +41,11 @@ threads = 1
 dataset = 'shakespeare_char'
 device = 'cpu'
 # compile: not set, so train.py's rule decides for all runs alike: each variant trains 3 seeds x 300 = 900 steps,
-# at least the 800 from which train.py compiles on a CPU (it explains why), so the runs compile (each variant's first seed compiles, the
-# other seeds load its graphs from the on-disk cache). Measured back to back on a 2-core machine, the 24 runs took
-# 1.07-1.10x the eager time compiled on a fresh cache and 0.71-0.78x with the graphs already cached (a machine
-# compiles them once; its speed drifts by a third between runs, so only back-to-back runs compare). Compiled, the
+# at least the 800 from which train.py compiles on a CPU (it explains why), so the runs compile (each variant's first
+# seed compiles, the other seeds load its graphs from the on-disk cache). Measured back to back on a 2-core machine
+# (four pairs), the 24 runs took 0.89-1.10x the eager time compiled on a fresh cache and 0.71-0.78x with the graphs
+# already cached (a machine compiles them once; its speed drifts by a third between runs, so only back-to-back runs
+# compare). Compiled, the
 # learned activations' tok/s are 0.73-1.05x gelu's instead of 0.27-0.58x: the time panel shows what a step costs,
 # not what eager PyTorch makes of it. Final losses agree with eager within 6e-4. --compile=False runs eager.
 dtype = 'float32'
