@@ -410,8 +410,8 @@ def compile_probe(cfg, variant, mode):
 
 
 PROBE = "import bench, json, sys; print(json.dumps(bench.compile_probe(json.loads(sys.argv[1]), *sys.argv[2:])))"
-# Inductor's set-up of a new cache directory (vector instruction set checks, the precompiled header), done by
-# compiling a function that shares no kernel with a GPT
+# Inductor's set-up of a new cache directory (it builds and loads a test program per vector instruction set), done
+# by compiling a function that shares no kernel with a GPT
 SETUP = ("import time, torch; t0 = time.perf_counter(); "
          "torch.compile(lambda x: torch.sin(x) + 1.0, dynamic=False)(torch.randn(3, device='{device}')); "
          "print(time.perf_counter() - t0)")

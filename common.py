@@ -4,6 +4,7 @@ run directory holds (ckpt.pt, log.jsonl, small JSON records), and the progress b
 follows the same rules.
 """
 import fcntl
+import functools
 import json
 import os
 import socket
@@ -81,6 +82,7 @@ def compile_model(model, mode):
     return model
 
 
+@functools.cache  # asked by compare.py's plan and again for its message: one answer per process
 def cpp_compiler_found():
     """Whether Inductor finds a C++ compiler to build CPU kernels with ($CXX, else g++; clang++ on macOS): without
     one, a CPU run asked to compile fails at its first step. (Importing Inductor to ask takes a few seconds.)"""
