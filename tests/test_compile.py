@@ -138,6 +138,39 @@ def test_model_state_strips_compiled_prefixes_inside_blocks():
     assert set(model_state(wrapped)) == plain
 
 
+# compile_model on a CPU model, then on a model on the meta device (what a CUDA model is to this check: no CPU kernel)
+ISA_CHECK = """
+import threading, torch
+from common import compile_model
+from model import GPT, GPTConfig
+from torch._inductor.cpu_vec_isa import pick_vec_isa, valid_vec_isa_list
+config = GPTConfig(vocab_size=84, n_layer=2, n_head=2, n_embd=32, block_size=32)
+assert valid_vec_isa_list.cache_info().currsize == 0
+compile_model(GPT(config), 'regional')
+[thread] = [t for t in threading.enumerate() if t.name == 'inductor-cpu-isa-check']
+thread.join()
+checked = valid_vec_isa_list.cache_info()
+picked = pick_vec_isa()
+with torch.device('meta'):
+    compile_model(GPT(config), 'regional')
+print(checked.currsize, checked.hits, valid_vec_isa_list.cache_info().hits, bool(picked),
+      sum(t.name == 'inductor-cpu-isa-check' for t in threading.enumerate()))
+"""
+
+
+def test_compiling_for_a_cpu_checks_the_vector_isa_before_the_first_kernel(tmp_path):
+    """Compiling a CPU model starts Inductor's once-per-process check of the vector instruction sets its compiler can
+    build on a thread: when Inductor then picks one for its first kernel, it takes the thread's cached answer
+    (a cache hit) instead of checking again. A model that is not on the CPU starts no check."""
+    p = subprocess.run([sys.executable, '-c', ISA_CHECK], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, 'TORCHINDUCTOR_CACHE_DIR': str(tmp_path)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    size, hits_before, hits_after, vectorised, threads_after_meta = map(eval, p.stdout.split())
+    assert (size, hits_before, hits_after) == (1, 0, 1)
+    assert vectorised  # this machine's compiler builds at least one vector ISA: the check found it
+    assert threads_after_meta == 0
+
+
 def test_unknown_compile_mode_is_a_user_error(shakespeare_char_dir, tmp_path):
     p = train(shakespeare_char_dir, str(tmp_path / 'x'), '--compile_mode=layers')
     lines = p.stderr.strip().splitlines()
