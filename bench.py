@@ -29,11 +29,11 @@ For each variant, and for each of eager / compiled, on the same GPT shape and th
 Prints a markdown table and writes everything, raw step times included, to the JSON file `json`.
 
 --compile_time=True measures instead what compiling costs, for each variant and each of whole-model and regional
-compilation (common.compile_model): a fresh Python process builds the model and times the compile_model call (it
-compiles nothing yet; it imports Inductor's builder and starts its CPU check), the first training step (which
-compiles forward and backward), the next `warmup` steps (the step time, compiled) and its first evaluation forward
-(no_grad, eval mode: a graph of its own), and reads Dynamo's compile seconds and the FX graph / AOTAutograd cache
-counters (common.compile_stats). Cold: the process starts on a cache directory that holds nothing of this model, as
+compilation (common.compile_model): a fresh Python process builds the model and its optimizer (which imports Dynamo,
+as every run does, eager or compiled), then times the compile_model call (it compiles nothing yet: it imports
+Inductor and starts its CPU check), the first training step (which compiles forward and backward), the next `warmup`
+steps (the step time, compiled) and its first evaluation forward (no_grad, eval mode: a graph of its own), and
+reads Dynamo's compile seconds and the FX graph / AOTAutograd cache counters (common.compile_stats). Cold: the process starts on a cache directory that holds nothing of this model, as
 the first run of each variant of a comparison finds it. Inductor's set-up of a new cache directory (it builds and
 loads a small test program for each vector instruction set the CPU reports) is paid once per directory, not per
 variant or per run (nanoFFN keeps one directory for every run on the machine, see common.compile_cache_dir): it is
@@ -183,13 +183,15 @@ class Bench:
         torch.manual_seed(cfg["seed"])
         self.variant, self.compiled, self.device = variant, compiled, device
         self.model = GPT(config).to(device).train()
-        # compile_model uses dynamic=False: the variants' shapes differ (gated FFNs are narrower), and Dynamo's
-        # automatic dynamic shapes would otherwise recompile a later variant with symbolic sizes: slower kernels
-        t0 = time.perf_counter()
-        self.forward = compile_model(self.model, cfg["compile_mode"]) if compiled else self.model
-        self.compile_call_s = time.perf_counter() - t0  # compiles nothing yet: imports, starts Inductor's CPU check
         device_type = device.split(":")[0]
         self.opt = self.model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type) if cfg["optimizer"] else None
+        # compile_model uses dynamic=False: the variants' shapes differ (gated FFNs are narrower), and Dynamo's
+        # automatic dynamic shapes would otherwise recompile a later variant with symbolic sizes: slower kernels.
+        # It is called after the optimizer is built, as in train.py: building one imports Dynamo, eager or not, so
+        # the call's time is what compiling alone adds (importing Inductor, starting its CPU check)
+        t0 = time.perf_counter()
+        self.forward = compile_model(self.model, cfg["compile_mode"]) if compiled else self.model
+        self.compile_call_s = time.perf_counter() - t0
         self.ctx = (torch.autocast(device_type=device_type, dtype=torch.bfloat16) if dtype == "bfloat16"
                     else nullcontext())
         self.times = []
