@@ -89,11 +89,13 @@ def check_cpu_isa_in_background():
     """Start, on a thread, the check Inductor makes before it builds or loads its first CPU kernel in a process: which
     vector instruction sets (AVX2, AVX-512, ...) the CPU reports AND its C++ compiler can build and load. It builds a
     test program per instruction set (once per cache directory) and loads each one in a child Python process, every
-    process: ~1.3 s on a 2-core CPU, half of what a compiled run's start costs when its graphs are cached. Started
-    here, it runs while Dynamo traces the model instead of after. Inductor keeps the answer for the process
-    (functools.cache), so its own call finds it ready; should it ask before the thread is done, it checks again itself,
-    which costs what it did without the thread. Same check, same answer, only earlier. Returns the thread, or None
-    where this torch has no such check to start (its internals moved): then Inductor simply makes it when it asks."""
+    process: ~1.3 s on a 2-core CPU, over a third of a compiled run's start when its graphs are cached. Started
+    here, it runs while torch.compile imports Inductor and Dynamo traces the model, instead of after (BENCHMARKS.md,
+    compile-time table: a warm regional compile at 4 layers went from 2.6-3.5 s to 1.4-2.7 s). Inductor keeps the
+    answer for the process (functools.cache), so its own call finds it ready; should it ask before the thread is done,
+    it checks again itself, which costs what it did without the thread. Same check, same answer, only earlier.
+    Returns the thread, or None where this torch has no such check to start (its internals moved): then Inductor
+    simply makes it when it asks."""
     try:  # the modules the check imports are imported here, on this thread, so no two threads import one module
         import torch._inductor.codecache  # noqa: F401
         import torch._inductor.cpp_builder  # noqa: F401
