@@ -5,6 +5,7 @@ follows the same rules.
 """
 import fcntl
 import functools
+import importlib
 import json
 import os
 import socket
@@ -96,12 +97,24 @@ def check_cpu_isa_in_background():
     it checks again itself, which costs what it did without the thread. Same check, same answer, only earlier.
     Returns the thread, or None where this torch has no such check to start (its internals moved): then Inductor
     simply makes it when it asks."""
-    try:  # the modules the check imports are imported here, on this thread, so no two threads import one module
+    # Every module the check imports is imported here, on the calling thread, before the thread starts: a module that
+    # two threads import at once can be seen half-initialised by one of them, and the thread that compiles imports a
+    # great deal. Seen: with torch.utils.cpp_extension (and the setuptools it pulls in) left to the check, one compiled
+    # process of ~120 failed in torch.compile with "cannot import name ... from ... torch._functorch._aot_autograd".
+    # tests/test_compile.py checks that the thread imports nothing; a torch whose check imports more fails that test,
+    # and the list below needs those modules added.
+    try:
         import torch._inductor.codecache  # noqa: F401
         import torch._inductor.cpp_builder  # noqa: F401
+        import torch.utils.cpp_extension  # noqa: F401
         from torch._inductor.cpu_vec_isa import valid_vec_isa_list
     except (ImportError, AttributeError):
         return None
+    for name in ('filelock', 'torch.utils._filelock'):  # what check_build locks with, by torch version
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
 
     def check():
         try:

@@ -140,15 +140,19 @@ def test_model_state_strips_compiled_prefixes_inside_blocks():
 
 # compile_model on a CPU model, then on a model on the meta device (what a CUDA model is to this check: no CPU kernel)
 ISA_CHECK = """
-import threading, torch
+import sys, threading, torch
 from common import compile_model
 from model import GPT, GPTConfig
 from torch._inductor.cpu_vec_isa import pick_vec_isa, valid_vec_isa_list
 config = GPTConfig(vocab_size=84, n_layer=2, n_head=2, n_embd=32, block_size=32)
 assert valid_vec_isa_list.cache_info().currsize == 0
+imported_by_check = []  # modules loaded on the check's thread (the audit event fires when a module is loaded)
+sys.addaudithook(lambda event, args: event == 'import' and threading.current_thread().name ==
+                 'inductor-cpu-isa-check' and imported_by_check.append(args[0]))
 compile_model(GPT(config), 'regional')
 [thread] = [t for t in threading.enumerate() if t.name == 'inductor-cpu-isa-check']
 thread.join()
+assert imported_by_check == [], imported_by_check
 checked = valid_vec_isa_list.cache_info()
 picked = pick_vec_isa()
 with torch.device('meta'):
@@ -161,7 +165,9 @@ print(checked.currsize, checked.hits, valid_vec_isa_list.cache_info().hits, bool
 def test_compiling_for_a_cpu_checks_the_vector_isa_before_the_first_kernel(tmp_path):
     """Compiling a CPU model starts Inductor's once-per-process check of the vector instruction sets its compiler can
     build on a thread: when Inductor then picks one for its first kernel, it takes the thread's cached answer
-    (a cache hit) instead of checking again. A model that is not on the CPU starts no check."""
+    (a cache hit) instead of checking again. The thread imports no module that compile_model had not imported before
+    starting it (two threads importing at once can see half-initialised modules). A model that is not on the CPU
+    starts no check."""
     p = subprocess.run([sys.executable, '-c', ISA_CHECK], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, 'TORCHINDUCTOR_CACHE_DIR': str(tmp_path)})
     assert p.returncode == 0, p.stderr[-2000:]
