@@ -59,8 +59,9 @@ def _silu_grad(h):
 def _tanh(h):
     """tanh(h), computed as 2σ(2h) − 1 (the same function). Why: on a CPU, torch.tanh's vectorised kernel is slow
     (a third of the compiled default dictionary's forward + backward time), and σ is one exp and one division, so
-    the compiled mixtures (LA, MoA) take a fifth to a quarter less time (BENCHMARKS.md). What it costs: an absolute error up to
-    2e-7 in fp32 (torch.tanh: 5e-8), the rounding of σ near 1/2, so a relative error of up to ~1% near |h| = 1e-5."""
+    the compiled mixtures (LA, MoA) take a fifth to a quarter less time (BENCHMARKS.md). What it costs: an absolute
+    error up to 2e-7 in fp32 (torch.tanh: 5e-8), the rounding of σ near 1/2, so a relative error of up to ~1% near
+    |h| = 1e-5."""
     return 2.0 * torch.sigmoid(2.0 * h) - 1.0
 
 

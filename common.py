@@ -95,8 +95,8 @@ def check_cpu_isa_in_background():
     compile-time table: a warm regional compile at 4 layers went from 2.6-3.5 s to 1.4-2.7 s). Inductor keeps the
     answer for the process (functools.cache), so its own call finds it ready; should it ask before the thread is done,
     it checks again itself, which costs what it did without the thread. Same check, same answer, only earlier.
-    Returns the thread, or None where this torch has no such check to start (its internals moved): then Inductor
-    simply makes it when it asks."""
+    Where this torch has no such check to start (its internals moved), nothing is started: Inductor makes it when it
+    asks."""
     # Every module the check imports is imported here, on the calling thread, before the thread starts: a module that
     # two threads import at once can be seen half-initialised by one of them, and the thread that compiles imports a
     # great deal. Seen: with torch.utils.cpp_extension (and the setuptools it pulls in) left to the check, one compiled
@@ -109,7 +109,7 @@ def check_cpu_isa_in_background():
         import torch.utils.cpp_extension  # noqa: F401
         from torch._inductor.cpu_vec_isa import valid_vec_isa_list
     except (ImportError, AttributeError):
-        return None
+        return
     for name in ('filelock', 'torch.utils._filelock'):  # what check_build locks with, by torch version
         try:
             importlib.import_module(name)
@@ -122,9 +122,7 @@ def check_cpu_isa_in_background():
         except Exception:  # e.g. no C++ compiler: Inductor's own call reports that, on the thread that compiles
             pass
 
-    thread = threading.Thread(target=check, name='inductor-cpu-isa-check', daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=check, name='inductor-cpu-isa-check', daemon=True).start()
 
 
 @functools.cache  # asked by compare.py's plan and again for its message: one answer per process
