@@ -68,7 +68,7 @@ def _tanh(h):
     and tanh = (a² − 1)/(a² + 1)); the denominator lies in [1/2, 1], so nothing overflows or divides by zero.
     Why not torch.tanh: on a CPU its vectorised kernel is slow (a third of the compiled default dictionary's time).
     Why σ(h): compiled, the mixture shares it with silu, so the dictionary's silu and tanh cost one exponential and
-    one division per element in forward and again in backward; the compiled MoA-GLU mixture takes 15% less time than
+    one division per element in forward and again in backward; the compiled MoA-GLU mixture takes 14% less time than
     with tanh = 2σ(2h) − 1 and F.silu (BENCHMARKS.md). What it costs: an absolute error up to 2.5e-7 in fp32
     (torch.tanh: 5e-8), the rounding of σ near 1/2, so a relative error of up to ~1% near |h| = 1e-5."""
     s = torch.sigmoid(h)

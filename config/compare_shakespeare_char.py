@@ -12,9 +12,9 @@
 #     with one thread, 3 s with two). The table's tok/s and times are measured with 2 runs sharing the machine
 #     (pass --jobs=1 --threads=0 when speed is what you compare).
 #   - 2 layers, d=64, 4 heads, block 64, batch 16: ~107k parameters, 65.5k of them FFN (61%). An iteration costs
-#     19-29 ms compiled (gelu 20, swiglu 19, moa_glu 29) and 27-82 ms eager (gelu 27, polynorm 55, la 59, moa 60,
-#     moa_glu 82: the eager recomputing backwards of the learned activations), two runs at a time (pair 5 in
-#     BENCHMARKS.md, "When compiling pays on a CPU").
+#     36-53 ms compiled (gelu 40, swiglu 39, moa_glu 53) and 49-131 ms eager (gelu 52, polynorm 80, la 97, moa 97,
+#     moa_glu 131: the eager recomputing backwards of the learned activations), two runs at a time on a 2-core AMD
+#     EPYC (pair 7 in BENCHMARKS.md, "When compiling pays on a CPU").
 #   - 3 seeds: the fewest that estimate seed noise. Seeds share their batches across variants, so summary.md reports
 #     the paired per-seed differences to gelu with their std and a paired t-test ("resolved?").
 #   - 300 iterations at lr 2e-3 (a tiny model tolerates it; unnormalised polyrelu is the variant that may blow up,
@@ -42,12 +42,13 @@ dataset = 'shakespeare_char'
 device = 'cpu'
 # compile: not set, so train.py's rule decides for all runs alike: each variant trains 3 seeds x 300 = 900 steps,
 # at least the 800 from which train.py compiles on a CPU (it explains why), so the runs compile (each variant's first
-# seed compiles, the other seeds load its graphs from the on-disk cache). Measured back to back on a 2-core machine
-# (six pairs), the 24 runs took 0.89-1.10x the eager time compiled on a fresh cache (0.96-1.03x in the latest two) and
-# 0.71-0.87x with the graphs already cached (a machine compiles them once; its speed drifts by a third between runs,
-# so only back-to-back runs compare). Compiled, the learned activations' tok/s are 0.72-1.13x gelu's instead of
-# 0.31-0.58x: the time panel shows what a step costs, not what eager PyTorch makes of it. Final losses agree with
-# eager within 6e-4. --compile=False runs eager.
+# seed compiles, the other seeds load its graphs from the on-disk cache). Measured back to back on two 2-core machines
+# (seven pairs), the 24 runs took 0.89-1.10x the eager time compiled on a fresh cache (0.90x on an AMD EPYC with the
+# final code, 0.96-1.03x in the latest two pairs on an Intel Xeon) and 0.71-0.87x with the graphs already cached (a
+# machine compiles them once; the Xeon's speed drifted by a third between runs, so only back-to-back runs compare).
+# Compiled, the learned activations' tok/s are 0.72-1.13x gelu's instead of 0.31-0.79x: the time panel shows what a
+# step costs, not what eager PyTorch makes of it. Final losses agree with eager within 6e-4. --compile=False runs
+# eager.
 dtype = 'float32'
 
 n_layer = 2
