@@ -92,11 +92,11 @@ def check_cpu_isa_in_background():
     test program per instruction set (once per cache directory) and loads each one in a child Python process, every
     process: ~1.3 s on a 2-core CPU, over a third of a compiled run's start when its graphs are cached. Started
     here, it runs while torch.compile imports Inductor and Dynamo traces the model, instead of after (BENCHMARKS.md,
-    compile-time table: a warm regional compile at 4 layers went from 2.6-3.5 s to 1.4-2.7 s). Inductor keeps the
-    answer for the process (functools.cache), so its own call finds it ready; should it ask before the thread is done,
-    it checks again itself, which costs what it did without the thread. Same check, same answer, only earlier.
-    Where this torch has no such check to start (its internals moved), nothing is started: Inductor makes it when it
-    asks."""
+    compile-time section: a warm regional compile at 4 layers went from 2.6-3.5 s to 1.4-2.5 s on a 2-core Xeon).
+    Inductor keeps the answer for the process (functools.cache), so its own call finds it ready; should it ask before
+    the thread is done, it checks again itself, which costs what it did without the thread. Same check, same answer,
+    only earlier. Where this torch has no such check to start (its internals moved), nothing is started: Inductor
+    makes it when it asks."""
     # Every module the check imports is imported here, on the calling thread, before the thread starts: a module that
     # two threads import at once can be seen half-initialised by one of them, and the thread that compiles imports a
     # great deal. Seen: with torch.utils.cpp_extension (and the setuptools it pulls in) left to the check, one compiled
