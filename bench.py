@@ -137,9 +137,13 @@ def resolve(cfg):
     if modes is None:
         raise UserError(f"--compile expects True, False or both, got '{cfg['compile']}'.")
 
-    device = resolve_device(cfg["device"])
+    # bench measures CPUs and CUDA GPUs only (not Apple's MPS), so here auto means cuda if available, else cpu
+    if cfg["device"] == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    else:
+        device = resolve_device(cfg["device"])
     if device.split(":")[0] not in ("cpu", "cuda"):
-        raise UserError(f"--device expects auto, cpu, cuda or cuda:N, got '{device}'.")
+        raise UserError(f"--device expects auto, cpu, cuda or cuda:N (bench.py does not measure MPS), got '{device}'.")
     dtype = resolve_dtype(cfg["dtype"], device.split(":")[0])
     if dtype == "float16":  # would need a GradScaler: not worth it for a benchmark
         raise UserError("--dtype expects auto, float32 or bfloat16 (float16 is not benchmarked), got 'float16'.")

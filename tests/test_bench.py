@@ -72,6 +72,15 @@ def test_user_mistakes_are_one_sentence_errors():
             bench.main(TINY + ["--repeats=1", "--json="] + args)
 
 
+def test_auto_device_never_picks_mps_which_bench_does_not_measure(monkeypatch):
+    import common
+    monkeypatch.setattr(common, "mps_available", lambda: True)  # as on an Apple machine without CUDA
+    cfg, _ = bench.parse_args(bench.DEFAULTS, TINY + ["--device=auto"])
+    assert bench.resolve(cfg)[2] == "cpu"
+    with pytest.raises(UserError, match="does not measure MPS"):
+        bench.resolve(bench.parse_args(bench.DEFAULTS, TINY + ["--device=mps"])[0])
+
+
 def test_profile_shows_the_variant_against_its_baseline(capsys):
     threads = torch.get_num_threads()
     try:
