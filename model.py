@@ -424,13 +424,6 @@ class GPT(nn.Module):
         r["active"] = r["total"] - inactive
         return r
 
-    def get_num_params(self, non_embedding=True):
-        """As nanoGPT: position embeddings are subtracted; token embeddings count (they are the lm_head)."""
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding and self.transformer.wpe is not None:
-            n -= self.transformer.wpe.weight.numel()
-        return n
-
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops):
         """Model FLOPs utilisation against `peak_flops` (e.g. 989e12 for H100/H200 bf16 dense, 312e12 for A100),
         PaLM appendix B: 6N + 12·L·H·Q·T FLOPs per token, N the *active* parameters (MoE: top_k of n_expert)."""

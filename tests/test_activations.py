@@ -240,7 +240,7 @@ def test_naive_polynorm_would_keep_much_more():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_polynorm_half_precision_autocast_large_inputs(order, dtype):
     """|h| up to 50: h^6 = 1.6e10 overflows fp16 (max 65504) unless the powers and means are computed in fp32.
-    (bf16 has fp32's range, so only the fp16 case would catch a missing widening; bf16 is the issue's check.)"""
+    (bf16 has fp32's range, so only the fp16 case would catch a missing widening; bf16 is what GPU training uses.)"""
     act = A.Poly("polynorm", order)
     h = torch.linspace(-50, 50, 8 * 256).reshape(8, 256)[:, torch.randperm(256)]
     ref = act(h)
@@ -297,3 +297,14 @@ def test_compiled_path_computes_in_fp32_under_autocast(variant):
     torch.testing.assert_close(y_c, y_e, rtol=2e-3, atol=2e-3)
     for a, b in zip(g_c, g_e):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+def test_readme_variant_table_is_the_registry():
+    """README's table of FFN variants lists every registry record, in registry order, with its kind and source."""
+    import re
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (mlp|glu) \| .* \| ([^|]+) \|$", readme, flags=re.M)
+    assert [name for name, _, _ in rows] == list(A.VARIANTS)
+    for name, kind, source in rows:
+        assert (kind, source.strip()) == (A.VARIANTS[name].kind, A.VARIANTS[name].source), name
