@@ -1,5 +1,6 @@
 # A scaling ladder on a 2-core CPU: gelu, swiglu, polynorm and moa x 2 seeds x 3 sizes on the bundled Shakespeare
-# characters (12k, 98k and 332k non-embedding parameters), ~7 minutes on an idle machine, under 15 with margin.
+# characters (12k, 98k and 332k non-embedding parameters), 4 minutes on an idle machine (3 min 58 s measured,
+# README), 16 under a load of 8-15.
 #   python compare.py config/compare_ladder_shakespeare_char.py
 #   -> out-ladder-shakespeare-char/ladder.png, summary.md, summary.json (the ladder), and per size
 #      out-ladder-shakespeare-char/<n_layer>x<n_embd>/ the ordinary comparison (its table, loss.png, matched verdicts)

@@ -2,8 +2,9 @@
 #   python data/shakespeare_char/prepare.py            # once, ~1 s
 #   python compare.py config/compare_shakespeare_char.py
 #   -> out-compare-shakespeare-char/loss.png, summary.md, summary.json (and the table on stdout)
-# Every variant trains on the same batches per seed (the loader's seeded order), is scored on the same 16 validation
-# windows (16k characters), with the same 300 x 16 x 64 = 307k training tokens (~7% of an epoch) and schedule.
+# Every variant trains on the same batches per seed (the loader's seeded order), is scored on the same 256 validation
+# windows (16 batches of 16 windows of 64 characters: 16k characters), with the same 300 x 16 x 64 = 307k training
+# tokens (~7% of an epoch) and schedule.
 #
 # Why this size. The budget is 10 minutes for 24 runs on 2 cores, fp32, and every run pays a fixed few seconds
 # (Python, importing torch, 7 evaluations, checkpoints). So:
@@ -19,17 +20,19 @@
 #     the paired per-seed differences to gelu with their std and a paired t-test ("resolved?").
 #   - 300 iterations at lr 2e-3 (a tiny model tolerates it; unnormalised polyrelu is the variant that may blow up,
 #     and a stop is reported in the summary, not hidden).
-# Calibration, measured on this shared 2-core machine while other jobs were running (so upper bounds):
+# Calibration, measured when the size was chosen (eager, on a shared 2-core machine while other jobs were running, so
+# upper bounds):
 #   - 8 variants x 1 seed x 50 iterations, jobs=2, load average ~1 from others: 48 s in all; 2.0-6.3 s of optimizer
 #     steps per run (68 ms per iteration on average over the 8 variants, two runs at a time), ~7 s per run of start-up,
 #     evaluation and checkpoints. Extrapolated to 3 seeds x 300 iterations with 7 evaluations per run:
 #     3 x (8 x 300 x 68 ms + 8 x 9 s) / 2 jobs = ~6 minutes. The same calibration with the load average at 3 took 97 s
 #     (twice as long): with half the machine taken by others the full run takes ~12-14 minutes.
-#   - gelu, polynorm, moa x 3 seeds x 300 iterations (exactly the settings below; load average 2.5): 306 s, 311
-#     CPU-seconds. These 3 variants cost the 8 variants' average per iteration, so 24 runs are ~830 CPU-seconds.
-#   - Seed noise measured there: std over seeds of the final val loss 0.010; std of the paired differences
-#     0.003-0.010. polynorm - gelu = -0.090 ± 0.003 (resolved, t=-59); moa - gelu = +0.017 ± 0.010 (not resolved,
-#     t=3.0). So at this budget 3 seeds tell differences of ~0.02 and more from noise, not smaller ones.
+#   - gelu, polynorm, moa x 3 seeds x 300 iterations (these settings; load average 2.5): 306 s, 311 CPU-seconds.
+#     These 3 variants cost the 8 variants' average per iteration, so 24 runs are ~830 CPU-seconds.
+#   - Seed noise, in the shipped results (results/compare_shakespeare_char/summary.md): std over seeds of the final
+#     val loss 0.013, std of the paired differences 0.013 (both pooled over variants); polynorm - gelu = -0.090 ±
+#     0.003 (resolved, t=-59), moa - gelu = -0.010 ± 0.010 (not resolved, t=-1.9). So at this budget 3 seeds tell
+#     differences of ~0.02 and more from noise, not smaller ones.
 
 out_dir = 'out-compare-shakespeare-char'
 variants = 'gelu,relu2,swiglu,polyrelu,polynorm,la,moa,moa_glu'
@@ -43,9 +46,9 @@ device = 'cpu'
 # compile: not set, so train.py's rule decides for all runs alike: each variant trains 3 seeds x 300 = 900 steps,
 # at least the 800 from which train.py compiles on a CPU (it explains why), so the runs compile (each variant's first
 # seed compiles, the other seeds load its graphs from the on-disk cache). Measured back to back on two 2-core machines
-# (seven pairs), the 24 runs took 0.89-1.10x the eager time compiled on a fresh cache (0.90x on an AMD EPYC with the
-# final code, 0.96-1.03x in the latest two pairs on an Intel Xeon) and 0.71-0.87x with the graphs already cached (a
-# machine compiles them once; the Xeon's speed drifted by a third between runs, so only back-to-back runs compare).
+# (seven pairs), the 24 runs took 0.89-1.10x the eager time compiled on a fresh cache (0.90x on an AMD EPYC, 0.96-0.99x
+# in the latest two pairs on an Intel Xeon) and 0.71-0.84x with the graphs already cached (a machine compiles them
+# once; the Xeon's speed drifted by a third between runs, so only back-to-back runs compare).
 # Compiled, the learned activations' tok/s are 0.72-1.13x gelu's instead of 0.31-0.79x: the time panel shows what a
 # step costs, not what eager PyTorch makes of it. Final losses agree with eager within 6e-4. --compile=False runs
 # eager.
