@@ -247,9 +247,11 @@ def expert_matmul(a, w, offs, grouped=True):
 class MoE(nn.Module):
     """
     Dropless top-k mixture of FFN experts of the configured variant.
-      router (fp32, no bias): z = W_r x, p = softmax(z), keep the top-k, renormalise their weights to sum to 1;
+      router (fp32, no bias): z = W_r x, p = softmax(z), keep the top-k, renormalise their weights to sum to 1
+        (for k ≥ 2; top-1 keeps its probability p_e, as Switch Transformer does: renormalised, its weight would be
+        exactly 1 and the router would learn nothing from the language-model loss);
       dispatch: sort the (token, expert) pairs by expert and run each expert's rows as one grouped matmul;
-      y(x) = Σ_{e in top-k} w_e · FFN_e(x).
+      y(x) = dropout(Σ_{e in top-k} w_e · FFN_e(x)), the dense FFN's output dropout.
     The activation's learnable coefficients are shared by the experts of a layer, and MoA's gates are computed once
     per token and reused by every expert the token visits (as in PolyCom's OLMoE code).
     Returns (y, aux), aux = [load-balance loss, z-loss]:
@@ -270,6 +272,7 @@ class MoE(nn.Module):
         self.w_gate = expert(d, m) if self.act_up is not None else None
         self.w_up = expert(d, m)
         self.w_down = expert(m, d)
+        self.dropout = nn.Dropout(config.dropout)
         self.use_grouped_mm = True
 
     def route(self, x):
@@ -278,7 +281,9 @@ class MoE(nn.Module):
             z = F.linear(x.float(), self.router.weight.float())
         probs = torch.softmax(z, dim=-1)
         weights, experts = probs.topk(self.top_k, dim=-1)
-        return probs, weights / weights.sum(-1, keepdim=True), experts, z
+        if self.top_k > 1:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return probs, weights, experts, z
 
     def forward(self, x):
         B, T, d = x.shape
@@ -306,7 +311,7 @@ class MoE(nn.Module):
         load_balance = (self.aux_loss_weight * self.n_expert / (self.top_k * n_tok)
                         * (counts.float() * probs.mean(0)).sum())
         z_loss = self.z_loss_weight * torch.logsumexp(z, dim=-1).square().mean()
-        return out.view(B, T, d).to(x.dtype), torch.stack([load_balance, z_loss])
+        return self.dropout(out.view(B, T, d).to(x.dtype)), torch.stack([load_balance, z_loss])
 
     def learned(self, x):
         """The activation's report, plus the expert load over the tokens of x: max/mean and entropy (nats)."""

@@ -28,7 +28,7 @@ def naive_moe(moe, x):
     for xt in x.reshape(-1, x.shape[-1]):
         p = torch.softmax(xt.float() @ moe.router.weight.float().T, -1)
         w, e = p.topk(moe.top_k)
-        w = w / w.sum()
+        w = w / w.sum() if moe.top_k > 1 else w  # top-1 keeps its probability (Switch Transformer)
         xt = xt[None]
         y = 0
         for wi, ei in zip(w, e):
@@ -48,9 +48,9 @@ def outputs_and_grads(fn, moe, x):
     return y, grads
 
 
-@pytest.mark.parametrize("ffn", FAMILIES)
-def test_moe_equals_naive_token_loop(ffn):
-    moe = make_moe(ffn)
+@pytest.mark.parametrize("ffn,k", [(f, 2) for f in FAMILIES] + [("swiglu", 1)])
+def test_moe_equals_naive_token_loop(ffn, k):
+    moe = make_moe(ffn, k=k)
     x = torch.randn(2, 12, 32)
     y, g = outputs_and_grads(lambda x: moe(x)[0], moe, x)
     y_ref, g_ref = outputs_and_grads(lambda x: naive_moe(moe, x), moe, x)
@@ -185,3 +185,23 @@ def test_impossible_moe_settings_are_a_clear_value_error(bad):
     """train.py turns a ValueError from GPTConfig into a one-sentence user error; anything else would be a traceback."""
     with pytest.raises(ValueError):
         GPTConfig(**{"n_expert": 4, **bad})
+
+
+def test_top1_router_learns_from_the_language_model_loss():
+    """With k = 1 a renormalised weight would be exactly 1: the router's only gradient would come from the aux losses.
+    Top-1 keeps the router probability, so the output's loss alone reaches the router."""
+    moe = make_moe("gelu", k=1, aux_loss_weight=0.0, z_loss_weight=0.0)
+    y, aux = moe(torch.randn(2, 12, 32))
+    assert aux.abs().sum() == 0
+    (grad,) = torch.autograd.grad((y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum(), [moe.router.weight])
+    assert grad.abs().max() > 1e-4
+
+
+def test_moe_output_dropout_as_the_dense_ffn():
+    moe = make_moe("gelu", dropout=0.5)
+    x = torch.randn(2, 12, 32)
+    moe.train()
+    assert not torch.equal(moe(x)[0], moe(x)[0])  # a fresh mask per call
+    assert (moe(x)[0] == 0).float().mean() > 0.3  # about half of the outputs dropped
+    moe.eval()
+    torch.testing.assert_close(moe(x)[0], moe(x)[0], rtol=0, atol=0)
