@@ -64,7 +64,8 @@ def size_settings(cfg, size, first, n_params):
     (lr_rule=width: the 1/width rule of muP's hidden layers, Yang et al. 2022, applied to the one global rate)."""
     s = dict(n_layer=size['n_layer'], n_embd=size['n_embd'], n_head=size['n_head'])
     if cfg['tokens_per_param'] > 0:
-        per_iter = cfg['batch_size'] * cfg['block_size'] * cfg['gradient_accumulation_steps']
+        # tokens per iteration, over all the run's processes (each DDP process trains on batches of its own)
+        per_iter = cfg['batch_size'] * cfg['block_size'] * cfg['gradient_accumulation_steps'] * cfg['nproc_per_run']
         iters = max(1, math.ceil(cfg['tokens_per_param'] * n_params / per_iter))
         f = iters / cfg['max_iters']
         s.update(max_iters=iters, warmup_iters=round(cfg['warmup_iters'] * f),

@@ -41,13 +41,16 @@ def test_ladder_mistakes_are_one_line_errors_before_anything_runs(tmp_path):
 
 
 def test_size_settings_token_budget_and_learning_rate_rules():
-    cfg = dict(tokens_per_param=20.0, batch_size=8, block_size=32, gradient_accumulation_steps=2, max_iters=100,
-               warmup_iters=10, lr_decay_iters=100, eval_interval=25, lr_rule='width', learning_rate=1e-3, min_lr=1e-4)
+    cfg = dict(tokens_per_param=20.0, batch_size=8, block_size=32, gradient_accumulation_steps=2, nproc_per_run=1,
+               max_iters=100, warmup_iters=10, lr_decay_iters=100, eval_interval=25, lr_rule='width', learning_rate=1e-3,
+               min_lr=1e-4)
     first, size = dict(n_layer=2, n_embd=64, n_head=2), dict(n_layer=3, n_embd=128, n_head=4)
     s = ladder.size_settings(cfg, size, first, n_params=10_000)
     # 20 tokens per parameter x 10,000 parameters / 512 tokens per iteration = 390.6 -> 391 iterations
     assert s['max_iters'] == 391 and s['warmup_iters'] == 39 and s['lr_decay_iters'] == 391
     assert s['eval_interval'] == 98  # 25 x 3.91, so every size gets the same number of evaluations
+    # 4 DDP processes per run train 4 x 512 tokens per iteration: 97.7 -> 98 iterations for the same 20 per parameter
+    assert ladder.size_settings({**cfg, 'nproc_per_run': 4}, size, first, n_params=10_000)['max_iters'] == 98
     assert s['learning_rate'] == pytest.approx(5e-4) and s['min_lr'] == pytest.approx(5e-5)  # width 64 -> 128
     fixed = ladder.size_settings({**cfg, 'tokens_per_param': 0.0, 'lr_rule': 'fixed'}, size, first, 10_000)
     assert fixed == dict(n_layer=3, n_embd=128, n_head=4)  # the comparison's own max_iters and learning rate
