@@ -92,6 +92,8 @@ def parse_dict(act_dict):
     unknown = [n for n in names if n not in BASIS]
     if not names or unknown:
         raise ValueError(f"act_dict must be a comma-separated list of {', '.join(BASIS)}; got {act_dict!r}")
+    if len(set(names)) < len(names):  # the learned coefficients are reported by name: a repeat would hide one
+        raise ValueError(f"act_dict names each entry once; got {act_dict!r}")
     return names
 
 

@@ -182,13 +182,12 @@ class Bench:
             model_args["n_expert"] = 0
         self.moe = model_args["n_expert"] > 0
         self.key = (variant, self.moe)
-        try:
-            config = GPTConfig(**model_args, ffn=variant)
+        torch.manual_seed(cfg["seed"])
+        try:  # the config's checks, then the activation's own (poly_order, act_dict, ...) as it is built
+            self.model = GPT(GPTConfig(**model_args, ffn=variant)).to(device).train()
         except ValueError as e:
             raise UserError(f"{e}; fix the model keys.") from None
-        torch.manual_seed(cfg["seed"])
         self.variant, self.compiled, self.device = variant, compiled, device
-        self.model = GPT(config).to(device).train()
         device_type = device.split(":")[0]
         self.opt = self.model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type) if cfg["optimizer"] else None
         # compile_model uses dynamic=False: the variants' shapes differ (gated FFNs are narrower), and Dynamo's

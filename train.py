@@ -52,7 +52,7 @@ from common import (COMPILE_MODES, autocast, compile_cache_dir, compile_model, c
                     resolve_dtype, save_checkpoint)
 from configurator import RunStopped, UserError, parse_args, run_cli
 from activations import check_variant
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, make_activations
 
 # -----------------------------------------------------------------------------
 # default config values
@@ -178,7 +178,8 @@ def check_config(cfg):
     if cfg['seed'] < 0:
         raise UserError(f"--seed must be >= 0, got {cfg['seed']}.")
     try:  # the model's own checks (e.g. RoPE's even head size); vocab_size 0 = the dataset's, known later
-        GPTConfig(**{k: cfg[k] for k in MODEL_KEYS if k != 'vocab_size'})
+        # and the activation's (poly_order, act_dict, la_init, moa_gate), which building it checks: a few small modules
+        make_activations(GPTConfig(**{k: cfg[k] for k in MODEL_KEYS if k != 'vocab_size'}))
     except ValueError as e:
         raise UserError(f"invalid model settings: {str(e).rstrip('.')}.") from None
 

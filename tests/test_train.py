@@ -218,3 +218,16 @@ def test_run_cli_exit_codes(capsys):
         configurator.run_cli(bad, [])
     assert e.value.code == 2
     assert capsys.readouterr().err == 'error: something is wrong; fix it.\n'
+
+
+def test_activation_settings_are_checked_before_anything_runs():
+    """check_config builds the activation, so its own checks are one-sentence errors before any training (compare.py
+    calls check_config for every variant before its first run)."""
+    import train
+    for args, words in [(['--ffn=polynorm', '--poly_order=7'], 'poly_order'),
+                        (['--ffn=la', '--act_dict=gelu,relu,gelu'], 'each entry once'),
+                        (['--ffn=moa', '--moa_gate=relu'], 'moa_gate'),
+                        (['--ffn=la', '--la_init=half'], 'la_init')]:
+        cfg, _ = parse_args(train.DEFAULTS, args)
+        with pytest.raises(UserError, match=words):
+            train.check_config(cfg)
