@@ -374,10 +374,11 @@ class Trainer:
         self.compile_before = 0.0  # seconds spent compiling by the earlier processes of a resumed run
         if checkpoint is not None:
             self.restore(checkpoint)
-        steps_left = (cfg['max_iters'] - self.iter_num) * self.gas  # what compiling could save, resumed or not
+        # decided by the run's whole length, resumed or not, so that a resumed run takes the code path it started on
+        # (compiled and eager numerics differ slightly); its earlier process left the compiled graphs in the cache
         self.use_compile, self.compile_reason = ((cfg['compile'], f"--compile={cfg['compile']}")
                                                  if cfg['compile'] is not None else
-                                                 use_compile(self.device_type, steps_left))
+                                                 use_compile(self.device_type, cfg['max_iters'] * self.gas))
         if self.use_compile:
             if self.master:
                 print(f"compiling ({cfg['compile_mode']}) on first use; compiled code is cached in "

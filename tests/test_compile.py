@@ -238,3 +238,14 @@ def test_a_small_cpu_run_says_why_it_is_not_compiled(shakespeare_char_dir, tmp_p
     line = next(l for l in p.stdout.splitlines() if l.startswith('device '))
     assert 'compile False (2 steps, under the' in line and '--compile=True' in line, line
     assert all('compile_s' not in r for r in log(str(tmp_path / 'run')))
+
+
+def test_a_resumed_run_decides_by_its_whole_length(shakespeare_char_dir, tmp_path):
+    """The default is decided from the run's max_iters, not from the steps left: a resumed run keeps the code path
+    (compiled or eager) it started on, as long as its length is unchanged."""
+    run = str(tmp_path / 'run')
+    assert_ok(train(shakespeare_char_dir, run, '--compile=auto', '--max_iters=2', '--eval_interval=2'))
+    p = train(shakespeare_char_dir, run, '--compile=auto', '--init_from=resume', '--max_iters=4')
+    assert_ok(p)
+    line = next(l for l in p.stdout.splitlines() if l.startswith('device '))
+    assert 'compile False (4 steps, under the' in line, line  # 4 steps in the run, 2 of them left
