@@ -33,11 +33,13 @@ def resolve_device(name):
     """'auto' picks cuda, then mps, then cpu; an explicit choice must exist on this machine."""
     if name == 'auto':
         return 'cuda' if torch.cuda.is_available() else 'mps' if mps_available() else 'cpu'
-    kind = name.split(':')[0]
-    if kind not in ('cpu', 'cuda', 'mps'):
+    kind, colon, index = name.partition(':')
+    if kind not in ('cpu', 'cuda', 'mps') or (colon and not (kind == 'cuda' and index.isdigit())):
         raise UserError(f"--device expects auto, cpu, cuda, cuda:N or mps, got '{name}'.")
     if kind == 'cuda' and not torch.cuda.is_available():
         raise UserError("--device=cuda but no CUDA GPU is available here; use --device=cpu (or auto).")
+    if index and int(index) >= (n := torch.cuda.device_count()):
+        raise UserError(f"--device={name} but this machine has {n} CUDA GPU(s), cuda:0 to cuda:{n - 1}; choose one.")
     if kind == 'mps' and not mps_available():
         raise UserError("--device=mps but MPS is not available here; use --device=cpu (or auto).")
     return name

@@ -231,3 +231,15 @@ def test_activation_settings_are_checked_before_anything_runs():
         cfg, _ = parse_args(train.DEFAULTS, args)
         with pytest.raises(UserError, match=words):
             train.check_config(cfg)
+
+
+def test_device_names_are_checked(monkeypatch):
+    from common import resolve_device
+    for bad in ('cuda:x', 'cpu:0', 'gpu', 'cuda:'):
+        with pytest.raises(UserError, match='--device expects'):
+            resolve_device(bad)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)  # as on a machine with two GPUs
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    assert resolve_device('cuda:1') == 'cuda:1'
+    with pytest.raises(UserError, match='2 CUDA GPU'):
+        resolve_device('cuda:2')
