@@ -37,6 +37,7 @@ Definitions:
 """
 import math
 import os
+import sys
 import textwrap
 
 import numpy as np
@@ -354,7 +355,7 @@ def compare(out_dir, run_dirs, data_dir=''):
         try:
             reports[v] = inspect(d, data_dir)
         except UserError as e:  # a run that never wrote a checkpoint (or whose data moved): no row for it
-            print(f"compare: no acts.png row for {v}: {e}")
+            print(f"compare: no acts.png row for {v}: {e}", file=sys.stderr)
             reports[v] = None
             continue
         write(d, reports[v])
@@ -390,11 +391,10 @@ def draw_comparison(path, reports):
             names = {'act': 'gate ' if 'act_up' in branches else '', 'act_up': 'up '}
             moved = ', '.join(f"{names[n]}{b['moved']:.3g}" for n, b in branches.items() if b['learnable'])
             ax.set_title(f"{v}, layer {i}" + (f": moved {moved}" if moved else ' (fixed)'), fontsize=10)
-        row[0].set_ylabel(v)
+        row[0].set_ylabel(f"{v}, iteration {r['iter']}")  # each run's checkpoint: its last or its best evaluation
     for ax in axes[-1]:
         ax.set_xlabel('h (pre-activation)')
-    first = next(iter(reports.values()))
-    fig.suptitle(textwrap.fill(f"learned φ at iteration {first['iter']} (solid; median and 10-90% band over tokens "
+    fig.suptitle(textwrap.fill(f"learned φ at each run's checkpoint (solid; median and 10-90% band over tokens "
                                f"where it depends on the token), init dashed, histogram of h on the first validation "
                                f"batch behind; the first seed of each variant; moved: distance from init over the "
                                f"histogram's mass", int(width * 14)), fontsize=10)
