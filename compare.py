@@ -467,9 +467,10 @@ def check_dataset(cfg):
             raise
         out = os.path.join(cfg['data_dir'], cfg['dataset'])
         print(f"compare: preparing the bundled dataset {cfg['dataset']} into {out} (once, seconds)", file=sys.stderr)
-        here = os.path.dirname(os.path.abspath(__file__))
-        subprocess.run([sys.executable, os.path.join(here, 'data', cfg['dataset'], 'prepare.py'), f'--out_dir={out}'],
-                       check=True, stdout=subprocess.DEVNULL)
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', cfg['dataset'], 'prepare.py')
+        if subprocess.run([sys.executable, script, f'--out_dir={out}'], stdout=subprocess.DEVNULL).returncode != 0:
+            raise UserError(f"could not prepare {cfg['dataset']} into {out} (the reason is above); point --data_dir "
+                            f"at a folder you can write to.")
         open_loader()
 
 

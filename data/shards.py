@@ -117,13 +117,23 @@ def write_json(path, obj):
 def write_dataset(dataset_dir, train, val, meta, shard_tokens=100_000_000):
     """A whole in-memory dataset: replaces any earlier shards, writes both splits, then meta.json (with the token
     counts added) last, so a dataset with a meta.json is complete. Returns the meta dict."""
-    os.makedirs(dataset_dir, exist_ok=True)
-    clear_split_files(dataset_dir)
-    write_split(dataset_dir, "train", train, shard_tokens)
-    write_split(dataset_dir, "val", val, shard_tokens)
-    meta = {**meta, "train_tokens": len(train), "val_tokens": len(val)}
-    write_json(os.path.join(dataset_dir, "meta.json"), meta)
+    check_shard_tokens(shard_tokens)  # before anything earlier is removed
+    try:
+        os.makedirs(dataset_dir, exist_ok=True)
+        clear_split_files(dataset_dir)
+        write_split(dataset_dir, "train", train, shard_tokens)
+        write_split(dataset_dir, "val", val, shard_tokens)
+        meta = {**meta, "train_tokens": len(train), "val_tokens": len(val)}
+        write_json(os.path.join(dataset_dir, "meta.json"), meta)
+    except OSError as e:  # a mistyped or read-only --out_dir, a full disk
+        raise UserError(f"cannot write the dataset to {dataset_dir} ({e.strerror or e}); "
+                        "choose another --out_dir.") from None
     return meta
+
+
+def check_shard_tokens(shard_tokens):
+    if shard_tokens < 1:
+        raise UserError(f"--shard_tokens must be at least 1, got {shard_tokens}.")
 
 
 def clear_split_files(dataset_dir):

@@ -468,3 +468,17 @@ def test_text_prepare_turns_local_files_into_a_dataset(tmp_path):
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     with pytest.raises(UserError, match="latin1.txt is not UTF-8 text"):
         text_prepare.prepare(str(tmp_path / "latin1.txt"), "gpt2", out_dir=str(tmp_path / "x"))
+
+
+def test_prepare_mistakes_are_one_sentence_and_keep_what_was_written(tmp_path):
+    from data.shards import write_dataset
+    meta = {"dataset": "x", "tokenizer": "char", "vocab_size": 10}
+    write_dataset(str(tmp_path / "ds"), np.arange(10) % 10, np.arange(5), meta, shard_tokens=4)
+    before = sorted(os.listdir(tmp_path / "ds"))
+    for bad in (0, -3):
+        with pytest.raises(UserError, match="--shard_tokens must be at least 1"):
+            write_dataset(str(tmp_path / "ds"), np.arange(10), np.arange(5), meta, shard_tokens=bad)
+    assert sorted(os.listdir(tmp_path / "ds")) == before  # the earlier shards are still there
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(UserError, match="cannot write the dataset to"):
+        write_dataset(str(tmp_path / "file" / "ds"), np.arange(10), np.arange(5), meta)

@@ -38,7 +38,7 @@ import numpy as np
 from tqdm import tqdm
 
 from configurator import UserError, run_cli
-from data.shards import read_header, write_json, write_shard
+from data.shards import check_shard_tokens, read_header, write_json, write_shard
 from data.tokenizer import EOT, GPT2Tokenizer
 
 REPO_ID = "Skylion007/openwebtext"
@@ -300,6 +300,7 @@ def prepare(subsets=None, num_subsets=None, out_dir=HERE, cache_dir=None, shard_
     """Downloads and tokenises the chosen subsets that are not done yet; returns the meta dict.
     archive_dir: take urlsf_subsetNN.tar from this folder instead of downloading (archives fetched another way)."""
     chosen = parse_subsets(subsets, num_subsets)
+    check_shard_tokens(shard_tokens)
     cache_dir = cache_dir or os.path.join(out_dir, "cache")
     os.makedirs(out_dir, exist_ok=True)
     for subset in chosen:
