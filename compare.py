@@ -437,11 +437,15 @@ def train_all(todo, slots, threads, statuses, pbar, max_iters):
 
 
 def last_error_line(path):
+    """The reason the last attempt in train.out (appended to by every attempt, each after its `$ command` line)
+    stopped: its one-sentence error, else its last line."""
     try:
         with open(path, errors='replace') as f:
             lines = [l.strip() for l in f.read().splitlines() if l.strip()]
     except OSError:
         return ''
+    starts = [i for i, l in enumerate(lines) if l.startswith('$ ')]
+    lines = lines[starts[-1] + 1:] if starts else lines  # earlier attempts' messages are not this one's
     for line in reversed(lines):
         if line.startswith(('error:', 'stopped:')):
             return line

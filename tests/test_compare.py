@@ -278,3 +278,11 @@ def test_a_compile_setting_does_not_make_finished_runs_stale(compared):
     assert stdout.count('reused (finished)') == len(VARIANTS) * len(SEEDS) and 'trained in' not in stdout
     with open(os.path.join(out, 'summary.json')) as f:
         assert json.load(f)['settings']['compile'] == 'off'
+
+
+def test_a_failed_attempt_is_reported_with_its_own_message(tmp_path):
+    out = tmp_path / 'train.out'
+    out.write_text("$ train.py --seed=1\nstopped: non-finite loss (nan) at iteration 15\n"
+                   "$ train.py --seed=1 --init_from=resume\nTraceback (most recent call last):\n"
+                   "RuntimeError: out of memory\n")
+    assert compare.last_error_line(str(out)) == 'RuntimeError: out of memory'
