@@ -159,7 +159,9 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses):
             'final_val_loss': mean_std([m['final_val_loss'] for m in ms]),
             'diff_to_baseline': stats.paired(diffs) if v != baseline else None,
             'tok_s': statistics.fmean(m['tok_s'] for m in ms if m['tok_s']) if any(m['tok_s'] for m in ms) else None,
-            'train_time_s': statistics.fmean(m['train_time_s'] for m in ms),
+            # over the finished runs (a stopped run's partial time is not a run's time), or all where none finished
+            'train_time_s': statistics.fmean(m['train_time_s']
+                                             for m in ([m for m in ms if m['status'] == 'done'] or ms)),
             'compile_s': mean_or_none([m['compile_s'] for m in ms]),
             'tokens': max(m['tokens'] for m in ms),
             'learned': learned_mean([m['act'] for m in ms]),
@@ -190,9 +192,11 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses):
 def matched(runs, base_runs, scale, base_scale):
     """Compute- and time-matched verdicts of a variant against the baseline, seed by seed (same batches): the tokens,
     FLOPs and seconds of training the variant needs to reach the baseline's final validation loss (linearly
-    interpolated on its evaluation curve; None = not reached), as ratios to what the baseline spent, and the loss the
-    variant had reached when the baseline's training time ran out (the paired difference to the baseline's final
-    loss). A variant that is slower per step must win by more than it costs to win on time."""
+    interpolated on its evaluation curve; None = not reached), as ratios to what the baseline itself needed to first
+    reach that loss (its whole run when its curve only falls; earlier if it dipped below its final loss and came
+    back, so that a variant equal to the baseline scores 1), and the loss the variant had reached when the
+    baseline's training time ran out (the paired difference to the baseline's final loss). A variant that is slower
+    per step must win by more than it costs to win on time."""
     base = {m['seed']: m for m in base_runs if m['status'] == 'done' and m['curve']['val']}
     ratios = {'tokens': [], 'flops': [], 'seconds': []}
     at_budget, reached, n = [], 0, 0
@@ -201,16 +205,20 @@ def matched(runs, base_runs, scale, base_scale):
         if b is None or m['status'] != 'done' or not m['curve']['val']:
             continue
         n += 1
-        _, b_tok, b_sec, target = b['curve']['val'][-1]
+        _, b_toks, b_secs, b_loss = zip(*b['curve']['val'])
+        b_sec, target = b_secs[-1], b_loss[-1]
+        b_tok, b_sec_reach = stats.reach(b_toks, b_loss, target), stats.reach(b_secs, b_loss, target)
         _, tok, sec, loss = zip(*m['curve']['val'])
         at_budget.append(stats.loss_at(sec, loss, b_sec) - target)
         t_reach, s_reach = stats.reach(tok, loss, target), stats.reach(sec, loss, target)
         if t_reach is None:
             continue
         reached += 1
-        ratios['tokens'].append(t_reach / b_tok)
-        ratios['flops'].append(t_reach * scale['flops_per_token'] / (b_tok * base_scale['flops_per_token']))
-        ratios['seconds'].append(s_reach / b_sec if b_sec > 0 else None)
+        # None where the baseline was there before it trained (a run of 0 iterations): no ratio to take
+        ratios['tokens'].append(t_reach / b_tok if b_tok > 0 else None)
+        ratios['flops'].append(t_reach * scale['flops_per_token'] / (b_tok * base_scale['flops_per_token'])
+                               if b_tok > 0 else None)
+        ratios['seconds'].append(s_reach / b_sec_reach if b_sec_reach > 0 else None)
     if n == 0:
         return None
     mean = lambda xs: statistics.fmean(xs) if xs and None not in xs and len(xs) == n else None
@@ -291,9 +299,9 @@ def matched_section(summary):
     return ['## Compute- and time-matched', '',
             f"Target: {base}'s final validation loss, seed by seed. Reached: in how many seeds the variant's validation "
             f"curve gets there (linear interpolation between evaluations); tokens, FLOPs and seconds: what it needs to "
-            f"get there as a multiple of what {base} spent (mean over seeds, only when every seed reached it; FLOPs "
-            f"from each model's own per-token count); at {base}'s time: the variant's loss when {base}'s training "
-            f"time ran out, minus {base}'s final loss (mean ± std over seeds; a variant that ends sooner keeps its final "
+            f"get there as a multiple of what {base} needed to first get there itself (mean over seeds, only when every "
+            f"seed reached it; FLOPs from each model's own per-token count); at {base}'s time: the variant's loss when "
+            f"{base}'s training time ran out, minus {base}'s final loss (mean ± std over seeds; a variant that ends sooner keeps its final "
             f"loss), and which way that goes (paired t-test at 95%).", '',
             f'| variant | reached | tokens | FLOPs | seconds | loss at {base}\'s time − {base} | on time |',
             '|---|:---:|---:|---:|---:|---:|:---:|'] + rows + ['']
@@ -432,6 +440,15 @@ def ema(values, beta):
     return out
 
 
+def padded(rows):
+    """Curves of different lengths (a stopped run is shorter) as one array, NaN past each curve's end."""
+    import numpy as np
+    out = np.full((len(rows), max(len(r) for r in rows)), np.nan)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
 def plot(path, summary, by_variant, cfg):
     import matplotlib
     matplotlib.use('Agg')
@@ -445,27 +462,27 @@ def plot(path, summary, by_variant, cfg):
         done = [m for m in ms if m['curve']['val']]
         if not done:
             continue
-        # evaluations at the same iterations for every seed; a stopped run contributes the points it has
-        n = min(len(m['curve']['val']) for m in done)
-        val = np.array([[p[3] for p in m['curve']['val'][:n]] for m in done])
-        tok = np.array(done[0]['curve']['val'][:n])[:, 1]
-        secs = np.array([[p[2] for p in m['curve']['val'][:n]] for m in done]).mean(0)
+        # evaluations at the same iterations for every seed; a stopped run contributes the points it has, so each
+        # point is the mean (and band) over the seeds that reached it
+        val = padded([[p[3] for p in m['curve']['val']] for m in done])
+        tok = np.array(max((m['curve']['val'] for m in done), key=len))[:, 1]
+        secs = np.nanmean(padded([[p[2] for p in m['curve']['val']] for m in done]), 0)
         keep = tok > 0  # the untrained model's loss (ln vocab) would squash the interesting part...
         if keep.sum() < 2:  # ...unless it is needed to draw a line at all
             keep[:] = True
         label = f'{v} ({len(done)} seed{"s" if len(done) > 1 else ""})'
         for ax, x in ((axes[0], tok), (axes[1], secs)):
-            ax.plot(x[keep], val.mean(0)[keep], color=c, marker='.', label=label)
+            ax.plot(x[keep], np.nanmean(val, 0)[keep], color=c, marker='.', label=label)
             if len(done) > 1:
-                ax.fill_between(x[keep], val.min(0)[keep], val.max(0)[keep], color=c, alpha=0.2, linewidth=0)
+                ax.fill_between(x[keep], np.nanmin(val, 0)[keep], np.nanmax(val, 0)[keep], color=c, alpha=0.2,
+                                linewidth=0)
         trains = [m['curve']['train'] for m in ms if m['curve']['train']]
         if trains:
-            n = min(len(t) for t in trains)
-            loss = np.array([ema([p[2] for p in t[:n]], cfg['smooth']) for t in trains])
-            x = np.array(trains[0][:n])[:, 1]
-            axes[2].plot(x, loss.mean(0), color=c, label=v)
+            loss = padded([ema([p[2] for p in t], cfg['smooth']) for t in trains])
+            x = np.array(max(trains, key=len))[:, 1]
+            axes[2].plot(x, np.nanmean(loss, 0), color=c, label=v)
             if len(trains) > 1:
-                axes[2].fill_between(x, loss.min(0), loss.max(0), color=c, alpha=0.2, linewidth=0)
+                axes[2].fill_between(x, np.nanmin(loss, 0), np.nanmax(loss, 0), color=c, alpha=0.2, linewidth=0)
     axes[0].set(xlabel='training tokens', ylabel='validation loss', title='validation loss (mean, band: min–max over seeds)')
     axes[1].set(xlabel='training time (s, evaluation and compilation excluded)', ylabel='validation loss',
                 title='validation loss against time')

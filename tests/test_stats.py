@@ -123,3 +123,23 @@ def test_matched_verdicts_on_hand_made_curves():
     m = report.matched(worse, base, base_fpt, base_fpt)
     assert m['reached'] == 1 and m['tokens_ratio'] is None and m['seconds_ratio'] is None
     assert report.matched([run(1, [], status='stopped')], base, base_fpt, base_fpt) is None
+
+
+def test_matched_ratios_of_a_variant_equal_to_the_baseline_are_one():
+    """The baseline dips below its final loss (2.5) at 100 tokens, 1 s, and comes back: it first got there at 75 tokens,
+    0.75 s, which is what a variant must be compared with. A variant equal to the baseline scores exactly 1."""
+    dip = [(0, 0, 4.0), (100, 1.0, 2.0), (200, 2.0, 2.5)]
+    m = report.matched([run(1, dip), run(2, dip)], [run(1, dip), run(2, dip)], {'flops_per_token': 100},
+                       {'flops_per_token': 100})
+    assert (m['tokens_ratio'], m['flops_ratio'], m['seconds_ratio']) == (1.0, 1.0, 1.0)
+    # a comparison of 0 iterations: the baseline is at its final loss before training; no ratio, no division by 0
+    untrained = [run(1, [(0, 0, 4.0)])]
+    m = report.matched(untrained, untrained, {'flops_per_token': 100}, {'flops_per_token': 100})
+    assert m['reached'] == 1 and m['tokens_ratio'] is None and m['seconds_ratio'] is None
+
+
+def test_padded_curves_keep_every_point_of_the_longer_runs():
+    import numpy as np
+    a = report.padded([[3.0, 2.0, 1.0], [3.0]])  # a run stopped after its first evaluation
+    assert np.array_equal(np.nanmean(a, 0), [3.0, 2.0, 1.0])
+
