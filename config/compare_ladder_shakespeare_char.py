@@ -1,6 +1,6 @@
 # A scaling ladder on a 2-core CPU: gelu, swiglu, polynorm and moa x 2 seeds x 3 sizes on the bundled Shakespeare
-# characters (12k, 98k and 332k non-embedding parameters), 4 minutes on an idle machine (3 min 58 s measured,
-# README), 16 under a load of 8-15.
+# characters (12k, 98k and 332k non-embedding parameters), 7 minutes on an idle 2-core AMD EPYC (6 min 58 s
+# measured, README; 3 min 58 s on an Intel Xeon), 16 under a load of 8-15.
 #   python compare.py config/compare_ladder_shakespeare_char.py
 #   -> out-ladder-shakespeare-char/ladder.png, summary.md, summary.json (the ladder), and per size
 #      out-ladder-shakespeare-char/<n_layer>x<n_embd>/ the ordinary comparison (its table, loss.png, matched verdicts)
@@ -14,10 +14,9 @@
 # With swiglu ~ gelu and polynorm between gelu and moa, that is ~0.23 CPU-s per iteration for the 4 variants of all 3
 # sizes: 2 seeds x 250 iterations x 0.23 s / 2 jobs = ~2 minutes of steps, plus ~10 s per run of start-up, 6
 # evaluations and checkpoints (24 x 10 s / 2 = 2 minutes): ~4-5 minutes when idle, ~7-9 with others on the cores.
-# Measured (results/ladder_shakespeare_char/): `time python compare.py config/compare_ladder_shakespeare_char.py` took
-#   16 min 6 s wall (1x32 204 s, 2x64 420 s, 3x96 328 s) while other jobs kept the load average at 8-15 on the 2
-#   cores (uptime before and after: 8.7 and 8.1), so an upper bound; the runs themselves used 5 min 13 s user + 46 s
-#   system CPU time, i.e. ~3-5 minutes on 2 idle cores.
+# Measured: `time python compare.py config/compare_ladder_shakespeare_char.py` took 6 min 58 s wall (11 min 36 s user
+#   + 47 s system CPU) on an idle 2-core AMD EPYC VM (results/ladder_shakespeare_char/); on an Intel Xeon VM 3 min 58 s
+#   when idle, 16 min 6 s while other jobs kept the load average at 8-15.
 # 2 seeds are the fewest that give a paired t interval and a seed-level CI on the trend; 3 sizes give a trend but
 # not a power-law fit (3 parameters need at least 4 sizes: the summary says "not identifiable").
 
