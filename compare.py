@@ -314,12 +314,14 @@ class Job:
     run_dir/train.out. `lock` is the run directory's lock (common.try_lock_run_dir), taken by compare.py and handed to
     the child, so no other process can slip in between."""
 
-    def __init__(self, run, mode, threads, lock, slot, gpus):
+    def __init__(self, run, mode, threads, lock, slot, gpus, at_once):
         self.run, self.mode, self.slot, self.gpus, self.t0 = run, mode, slot, gpus, time.time()
         d = run['dir']
         self.log_path, self.out_path = os.path.join(d, 'log.jsonl'), os.path.join(d, 'train.out')
         self.resumed_from = checkpoint_field(d, 'iter_num') if mode == 'resume' else None
-        self.record = {'args': record_args(run), 'processes': run['processes'], 'status': 'running'}
+        # at_once: how many runs this compare.py trains side by side, which the run's tok/s and times depend on
+        self.record = {'args': record_args(run), 'processes': run['processes'], 'status': 'running',
+                       'at_once': at_once}
         write_json(os.path.join(d, RECORD), self.record)
         cmd, env, fds = train_command(run, mode), job_env(gpus, threads), ()
         if run['processes'] == 1:
@@ -420,7 +422,7 @@ def train_all(todo, slots, threads, statuses, pbar, max_iters):
                     continue
                 slot = free.pop(0)
                 active.append(Job(run, state if state in ('resume', 'scratch') else mode, threads, lock, slot,
-                                  slots[slot]))
+                                  slots[slot], len(slots)))
             time.sleep(0.5)
             for job in [j for j in active if j.proc.poll() is not None]:
                 active.remove(job)
@@ -582,6 +584,10 @@ def print_plan(todo, n_runs, cfg):
 
 def write_report(cfg, variants, seeds, baseline, runs, statuses):
     """summary.json, summary.md and loss.png into out_dir; the table (the results) on stdout."""
+    # how many runs trained side by side, from each run's record (not this command's --jobs: a run may have been
+    # trained by an earlier command, or by a --plan line); None where no record says, 'mixed' where they differ
+    at_once = {(read_json(os.path.join(r['dir'], RECORD)) or {}).get('at_once') for r in runs}
+    cfg = {**cfg, 'at_once': at_once.pop() if len(at_once) == 1 else 'mixed'}
     summary, by_variant = report.summarize(cfg, variants, seeds, baseline, runs, statuses)
     report.plot(os.path.join(cfg['out_dir'], 'loss.png'), summary, by_variant, cfg)
     # what each variant's activation became (its first seed): acts.png, and how far it moved, for summary.md

@@ -230,6 +230,14 @@ def matched(runs, base_runs, scale, base_scale):
 # the report: summary.md and the printed table
 
 
+def measured_together(at_once):
+    """What the times and tok/s were measured beside: at_once is how many runs trained side by side (from the runs'
+    compare.json), 'mixed' where runs differ or some do not say, None where none says."""
+    if at_once == 'mixed':
+        return ", measured with different (or unrecorded) numbers of runs at a time"
+    return f", measured with {at_once} runs at a time" if isinstance(at_once, int) and at_once > 1 else ''
+
+
 def fmt_loss(x, digits=4, signed=False):
     if x is None:
         return '–'
@@ -395,7 +403,7 @@ def write_markdown(path, summary, cfg):
              f"{summary['baseline']} (same seed, so same batches), mean ± its std over seeds; resolved: a paired t-test at "
              f"95% (scipy.stats, Student's t with n-1 degrees of freedom). tok/s: median over log "
              f"lines; train time: optimizer steps only (evaluation and compilation excluded)"
-             + (f", measured with {cfg['jobs']} runs at a time" if cfg['jobs'] > 1 else '')
+             + measured_together(cfg.get('at_once'))
              + ("; compile: seconds each run spent compiling its graphs or loading them from the compile cache, mean "
                 "over seeds" if any_compiled(summary) else '')
              + ". params: total (tied embedding counted once); FFN: W_up/W_gate/W_down (all experts); extras: learned "

@@ -17,6 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import compare
+import report
 from configurator import run_cli
 from model import GPT, GPTConfig
 
@@ -157,6 +158,7 @@ def test_outputs(compared):
     # each run kept its quietened output and the settings it was started with
     rec = json.load(open(os.path.join(run_dir(out, 'moa', SEEDS[1]), 'compare.json')))
     assert rec['status'] == 'done' and rec['args']['ffn'] == 'moa' and rec['args']['seed'] == str(SEEDS[1])
+    assert rec['at_once'] == 2 and 'measured with 2 runs at a time' in md  # as trained (--jobs=2), from the records
     assert 'done: 4 iterations' in open(os.path.join(run_dir(out, 'moa', SEEDS[1]), 'train.out')).read()
 
 
@@ -286,3 +288,9 @@ def test_a_failed_attempt_is_reported_with_its_own_message(tmp_path):
                    "$ train.py --seed=1 --init_from=resume\nTraceback (most recent call last):\n"
                    "RuntimeError: out of memory\n")
     assert compare.last_error_line(str(out)) == 'RuntimeError: out of memory'
+
+
+def test_runs_at_a_time_comes_from_how_the_runs_were_trained():
+    assert report.measured_together(2) == ', measured with 2 runs at a time'
+    assert report.measured_together(1) == '' and report.measured_together(None) == ''  # one at a time, or unknown
+    assert 'different' in report.measured_together('mixed')
