@@ -223,7 +223,9 @@ def run_state(run, max_iters):
         return 'mismatch'
     if log and log[-1].get('iter') == max_iters and 'val_loss' in log[-1]:
         return 'done'
-    record = read_json(os.path.join(d, RECORD)) or {}  # a stop is known only to the compare.py that ran it
+    if os.path.exists(os.path.join(d, train.STOPPED)):  # train.py's own note: it stopped (e.g. a run of --plan's)
+        return 'stopped'
+    record = read_json(os.path.join(d, RECORD)) or {}  # or the record of the compare.py that ran it
     recorded = full_settings(record.get('args', {}), record.get('processes', 1))
     if record.get('status') == 'stopped' and recorded == wanted:
         return 'stopped'

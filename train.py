@@ -108,6 +108,7 @@ TYPES = {'compile': bool}  # keys whose default (None = auto) does not tell thei
 STREAM_KEYS = ['dataset', 'batch_size', 'block_size', 'seed']
 PEAK_FLOPS = [('H100', 989e12), ('H200', 989e12), ('A100', 312e12)]  # bf16 dense, per GPU
 DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
+STOPPED = 'stopped.txt'  # in the run directory of a run that stopped (non-finite loss): why; a new try removes it
 # -----------------------------------------------------------------------------
 
 
@@ -419,8 +420,8 @@ class Trainer:
         if not self.master:
             return
         self.lock = lock_run_dir(self.out_dir)  # held until train() ends; the kernel drops it if the process dies
-        for name in os.listdir(self.out_dir):  # a checkpoint write killed mid-way leaves its temporary file behind
-            if name.startswith('.ckpt.pt.tmp'):
+        for name in os.listdir(self.out_dir):  # a checkpoint write killed mid-way leaves its temporary file behind,
+            if name.startswith('.ckpt.pt.tmp') or name == STOPPED:  # a stopped run its stop: this run is a new try
                 os.remove(os.path.join(self.out_dir, name))
         if resumed and os.path.exists(self.log_path):
             self.log_lines = truncate_log(self.log_path, self.saved_iter)
@@ -640,8 +641,11 @@ class Trainer:
                     self.best_val_loss = min(self.best_val_loss, val_loss)
                     self.save_checkpoint(val_loss)
                 window, t_window, c_window = [], time.time(), self.compile_time()  # nor evaluation, checkpoints
-        except BaseException:
+        except BaseException as e:
             pbar.leave = False  # a run that stops says one sentence on stderr: the bar makes way for it
+            if isinstance(e, RunStopped) and self.master:  # and leaves it in its directory, for compare.py to read
+                with open(os.path.join(self.out_dir, STOPPED), 'w') as f:
+                    f.write(f"{e}\n")
             raise
         finally:
             pbar.close()

@@ -8,6 +8,7 @@ import math
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 
 import pytest
@@ -186,10 +187,12 @@ def test_stopped_and_cut_off_runs(compared, shakespeare_char_dir, tmp_path, monk
     assert '(4 to reuse, 0 to train)' in run_compare(argv)  # a stop is a result: the same command does not retry it
 
     # what a kill at iteration 3 leaves: the checkpoint and log of iteration 2, and a record still saying 'running'
+    # (and no stopped.txt: a killed run did not stop on its own)
     record_path = os.path.join(part, 'compare.json')
     record = json.load(open(record_path))
     with open(record_path, 'w') as f:
         json.dump({'args': record['args'], 'status': 'running'}, f)
+    os.remove(os.path.join(part, 'stopped.txt'))
     stdout = run_compare(argv)
     assert '(3 to reuse, 1 to train)' in stdout and 'resumed from iteration 2' in stdout
     resumed, full = (read_log(os.path.join(d, 'log.jsonl')) for d in (part, run_dir(out, 'moa', SEEDS[1])))
@@ -294,3 +297,20 @@ def test_runs_at_a_time_comes_from_how_the_runs_were_trained():
     assert report.measured_together(2) == ', measured with 2 runs at a time'
     assert report.measured_together(1) == '' and report.measured_together(None) == ''  # one at a time, or unknown
     assert 'different' in report.measured_together('mixed')
+
+
+def test_a_planned_run_that_stops_is_reported_as_stopped(shakespeare_char_dir, tmp_path):
+    """A run launched from --plan's command (no compare.py around it to record the stop) leaves stopped.txt; the
+    comparison then counts it as stopped instead of asking for it again. A deliberate new try removes the note."""
+    cfg, given = compare.parse_args(compare.DEFAULTS, args(shakespeare_char_dir, str(tmp_path / 'cmp'))
+                                    + ['--variants=gelu', '--seeds=1'], types=compare.train.TYPES)
+    (run,) = compare.plan(cfg, given)[3]
+    cmd = compare.train_command(run, 'scratch')
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, 'NANOFFN_NAN_AT': '3'})
+    assert p.returncode == 3, p.stderr[-2000:]
+    assert 'non-finite' in open(os.path.join(run['dir'], 'stopped.txt')).read()
+    assert compare.run_state(run, cfg['max_iters']) == 'stopped'
+    p = subprocess.run(compare.train_command(run, 'resume'), capture_output=True, text=True)  # tried again, no NaN
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert not os.path.exists(os.path.join(run['dir'], 'stopped.txt'))
+    assert compare.run_state(run, cfg['max_iters']) == 'done'
