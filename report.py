@@ -309,8 +309,8 @@ def matched_section(summary):
             f"curve gets there (linear interpolation between evaluations); tokens, FLOPs and seconds: what it needs to "
             f"get there as a multiple of what {base} needed to first get there itself (mean over seeds, only when every "
             f"seed reached it; FLOPs from each model's own per-token count); at {base}'s time: the variant's loss when "
-            f"{base}'s training time ran out, minus {base}'s final loss (mean ± std over seeds; a variant that ends sooner keeps its final "
-            f"loss), and which way that goes (paired t-test at 95%).", '',
+            f"{base}'s training time ran out, minus {base}'s final loss (mean ± std over seeds; a variant that ends "
+            f"sooner keeps its final loss), and which way that goes (paired t-test at 95%).", '',
             f'| variant | reached | tokens | FLOPs | seconds | loss at {base}\'s time − {base} | on time |',
             '|---|:---:|---:|---:|---:|---:|:---:|'] + rows + ['']
 
