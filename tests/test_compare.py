@@ -293,7 +293,9 @@ def test_a_failed_attempt_is_reported_with_its_own_message(tmp_path):
     assert compare.last_error_line(str(out)) == 'RuntimeError: out of memory'
 
 
-def test_runs_at_a_time_comes_from_how_the_runs_were_trained():
+def test_runs_at_a_time_note_claims_nothing_unrecorded():
+    """The summary's note on concurrency (test_outputs checks it comes from the runs' records): silent for one run at a
+    time or no record, and no number where the runs differ."""
     assert report.measured_together(2) == ', measured with 2 runs at a time'
     assert report.measured_together(1) == '' and report.measured_together(None) == ''  # one at a time, or unknown
     assert 'different' in report.measured_together('mixed')
