@@ -30,6 +30,8 @@ To add an activation: write its module here (formula in the docstring, `token_co
 one record to VARIANTS, and one reference test in tests/test_activations.py. Nothing else needs to change: the
 command line, the FFN, the MoE, the logs, the summaries and the parameter tests all read the registry.
 """
+import functools
+import logging
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -37,6 +39,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The dictionary of elementwise activations, each with its derivative (the recomputing backward passes need both).
@@ -259,6 +262,38 @@ def mix_reference(h, coefs, names):
     return sum(c[..., k : k + 1] * BASIS[name][0](hf) for k, name in enumerate(names)).to(h.dtype)
 
 
+# Compiled on a CPU, the mixtures keep σ(h) and GELU(h) for backward instead of recomputing them.
+# Inductor's partitioner recomputes elementwise results in backward rather than store them, which suits a GPU, where
+# memory traffic is the cost and an exponential is almost free. On a CPU the transcendental functions are the cost:
+# the compiled MoA-GLU mixture evaluated erf, exp and σ again in backward. A selective activation checkpointing policy
+# (torch.utils.checkpoint; PyTorch's documented way to choose what a compiled backward keeps) marks σ(h) and GELU(h)
+# as must-save and leaves the rest to recompute; Inductor then also computes GELU's derivative in forward and keeps
+# it, so backward evaluates no transcendental function at all. What it saves and costs, at the default comparison's
+# shape on a 2-core CPU: see BENCHMARKS.md (the step is shorter; backward keeps up to 3 more hidden-width tensors per
+# mixture). On CUDA nothing changes: backward recomputes, and keeps only the mixture's inputs.
+_KEPT_FOR_BACKWARD = (torch.ops.aten.sigmoid.default, torch.ops.aten.gelu.default)
+
+
+def _keep_transcendentals(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op in _KEPT_FOR_BACKWARD else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+_KEEP_TRANSCENDENTALS = functools.partial(create_selective_checkpoint_contexts, _keep_transcendentals)
+# AOTAutograd's on-disk cache stores a graph with such a policy only under a key that names the policy: change the key
+# whenever the policy changes, or a later run would load graphs compiled under the old one
+_KEEP_TRANSCENDENTALS.cache_hash = "nanoffn: must-save " + ", ".join(map(str, _KEPT_FOR_BACKWARD))
+# torch warns once per process that a checkpointed region must not hold in-place operations; the mixtures hold none
+logging.getLogger("torch._higher_order_ops.wrap").addFilter(lambda r: "context_fn is passed" not in r.getMessage())
+
+
+def compiled_mixture(fn, h, *args):
+    """fn(h, *args) (mix_reference, or the product of two), as compiled training runs it: on a CPU, under the policy
+    above; on any other device, as is."""
+    if not h.is_cpu:
+        return fn(h, *args)
+    return checkpoint(fn, h, *args, use_reentrant=False, context_fn=_KEEP_TRANSCENDENTALS)
+
+
 def _init_alpha(names, la_init):
     """LA/MoA coefficient init: 'mean' (1/K each), 'sum' (1 each, as reported for the paper), 'onehot:NAME'
     (α = 1 on NAME, 0 elsewhere: exactly the fixed activation NAME at step 0)."""
@@ -293,7 +328,7 @@ class LA(nn.Module):
 
     def forward(self, h, coefs=None):
         if torch.compiler.is_compiling():
-            return mix_reference(h, self.alpha, self.names)
+            return compiled_mixture(mix_reference, h, self.alpha, self.names)
         return _MixFunction.apply(h, self.alpha, self.names)
 
     def learned(self, x):
@@ -340,7 +375,7 @@ class MoA(nn.Module):
 
     def forward(self, h, coefs):
         if torch.compiler.is_compiling():
-            return mix_reference(h, coefs, self.names)
+            return compiled_mixture(mix_reference, h, coefs, self.names)
         return _MixFunction.apply(h, coefs, self.names)
 
     def learned(self, x):
@@ -357,12 +392,15 @@ def glu(act_gate, act_up, g, u, coefs_gate, coefs_up):
     """φ_gate(g) ⊙ φ_up(u). Eager, two mixtures (la_glu, moa_glu) go through one fused, recomputing Function;
     compiled, the product of the two plain mixtures, in fp32 like the Function."""
     if isinstance(act_gate, (LA, MoA)) and isinstance(act_up, (LA, MoA)):
+        cg, cu = act_gate.coefficients(coefs_gate), act_up.coefficients(coefs_up)
         if torch.compiler.is_compiling():
-            return (act_gate(_wide(g), coefs_gate) * act_up(_wide(u), coefs_up)).to(g.dtype)
-        return _MixGLUFunction.apply(
-            g, u, act_gate.coefficients(coefs_gate), act_up.coefficients(coefs_up), act_gate.names, act_up.names
-        )
+            return compiled_mixture(_mix_product, g, u, cg, cu, act_gate.names, act_up.names)
+        return _MixGLUFunction.apply(g, u, cg, cu, act_gate.names, act_up.names)
     return act_gate(g, coefs_gate) * act_up(u, coefs_up)
+
+
+def _mix_product(g, u, cg, cu, names_g, names_u):
+    return (mix_reference(_wide(g), cg, names_g) * mix_reference(_wide(u), cu, names_u)).to(g.dtype)
 
 
 # The memory-lean mixtures. What they save: backward keeps h and the coefficients only, where plain autograd of

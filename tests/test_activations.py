@@ -275,6 +275,47 @@ def test_compiled_learned_activations_hold_no_custom_autograd_function(variant):
     assert "autograd_function_apply" in dynamo_ops(lambda h, c: A._MixFunction.apply(h, c, tuple(A.BASIS)), h, c)
 
 
+def backward_graph_ops(fn, *args):
+    """The operations of the backward graph that torch.compile makes for fn(*args) on this CPU: traced with Inductor's
+    decompositions and split by its min-cut partitioner, as Inductor does before generating code."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, example_inputs):
+            graphs[name] = gm
+            return gm.forward
+        return compiler
+
+    backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
+                           partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, fullgraph=True)(*args).sum().backward()
+    return [(str(n.target), tuple(n.meta["val"].shape)) for n in graphs["backward"].graph.nodes
+            if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)]
+
+
+TRANSCENDENTAL = {"aten.exp.default", "aten.erf.default", "aten.sigmoid.default", "aten.tanh.default"}
+
+
+@pytest.mark.parametrize("variant", ["la", "moa", "moa_glu"])
+def test_compiled_mixture_backward_evaluates_no_transcendental_on_cpu(variant):
+    """Compiled on a CPU, the mixtures keep σ(h) and GELU(h) (and Inductor GELU's derivative) from forward, so their
+    backward evaluates no transcendental function at the hidden width (MoA's gates, K per token, may recompute their
+    σ). The check can fail: the same mixture without that policy recomputes exp and erf at the hidden width."""
+    torch.manual_seed(3)
+    ffn = FFN(GPTConfig(n_embd=32, n_head=4, ffn=variant))
+    hidden = ffn.w_up.out_features
+    ops = backward_graph_ops(lambda x: ffn(x)[0], torch.randn(2, 8, 32, requires_grad=True))
+    assert not [op for op, shape in ops if op in TRANSCENDENTAL and shape[-1:] == (hidden,)], ops
+    h, c = torch.randn(2, 8, hidden, requires_grad=True), torch.randn(6, requires_grad=True)
+    plain = backward_graph_ops(lambda h, c: A.mix_reference(h, c, tuple(A.BASIS)), h, c)
+    assert {"aten.exp.default", "aten.erf.default"} <= {op for op, shape in plain if shape[-1:] == (hidden,)}, plain
+
+
 @pytest.mark.parametrize("variant", ["polynorm", "la_glu", "moa_glu"])
 def test_compiled_path_computes_in_fp32_under_autocast(variant):
     """Traced by torch.compile's aot_eager backend (the compiled path, without Inductor's code generation) under fp16

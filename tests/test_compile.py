@@ -18,7 +18,7 @@ from model import GPT, GPTConfig
 sys.path.insert(0, os.path.dirname(__file__))
 from test_train import ROOT, assert_ok, log, train  # noqa: E402
 
-SHAPE = ['--n_layer=2', '--max_iters=7', '--eval_interval=3', '--log_interval=2', '--ffn=polynorm']
+SHAPE = ['--n_layer=2', '--max_iters=7', '--eval_interval=3', '--log_interval=2', '--ffn=moa_glu']
 
 
 def compile_line(p):
@@ -56,8 +56,9 @@ def cache_runs(shakespeare_char_dir, tmp_path_factory):
 def test_second_process_is_served_from_the_cache(cache_runs):
     _, _, (first, second) = cache_runs
     # the block's training graph (forward + backward) and its evaluation graph: 2 graphs, 3 compiled code modules.
-    # Both graphs are AOTAutograd cache entries: compiled, PolyNorm is plain operations, no custom autograd Function
-    # (a graph with one is skipped by that cache and traced again by every process)
+    # Both graphs are AOTAutograd cache entries: compiled, MoA-GLU is plain operations, no custom autograd Function
+    # (a graph with one is skipped by that cache and traced again by every process), and its CPU policy of what
+    # backward keeps carries the key that cache asks of such a policy (activations.py)
     assert first['graphs'] == second['graphs'] == 2
     assert first['fx_cache_hit'] == 0 and first['fx_cache_miss'] == 3
     assert first['aot_cache_hit'] == 0 and first['aot_cache_miss'] == 2
