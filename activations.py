@@ -400,6 +400,7 @@ def glu(act_gate, act_up, g, u, coefs_gate, coefs_up):
 
 
 def _mix_product(g, u, cg, cu, names_g, names_u):
+    """(Σ_k cg_k φ_k(g)) ⊙ (Σ_l cu_l φ_l(u)) with plain autograd, in fp32 (at least), returned in g's dtype."""
     return (mix_reference(_wide(g), cg, names_g) * mix_reference(_wide(u), cu, names_u)).to(g.dtype)
 
 
