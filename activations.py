@@ -11,7 +11,8 @@ the formula is a kernel of its own and autograd keeps each intermediate for back
 pay. Compiled (torch.compile), the modules run the plain reference instead: Inductor fuses its elementwise chain
 into a few kernels, and its min-cut partitioner chooses what backward keeps and what it recomputes, which is the
 Function's trade made by the compiler. On a CPU, where transcendental functions rather than memory traffic are the
-cost, the LA/MoA mixtures tell it to keep their σ(h) and GELU(h) instead (compiled_mixture below). A graph of plain
+cost, the LA/MoA mixtures tell it to keep their σ(h), erf and exponential instead, and evaluate GELU's derivative from
+the exponential inside its erf (compiled_mixture below). A graph of plain
 operations can also be stored in AOTAutograd's on-disk cache, which skips graphs that contain a custom autograd
 Function; so a second run of the same variant loads its compiled graphs instead of tracing them again.
 
@@ -254,24 +255,45 @@ class _PolyFunction(torch.autograd.Function):
 # ("More Expressive Feedforward Layers: Part I", arXiv 2605.26647).
 
 
-def mix_reference(h, coefs, names):
+def mix_reference(h, coefs, names, basis=BASIS):
     """The mixture as written, with plain autograd: Σ_k c_k φ_k(h), coefs (..., K) broadcast over the hidden channels
     (a single row (K,) for LA), computed in fp32 (at least) and returned in h's dtype. Eager, backward keeps the K
-    activations φ_k(h): K hidden-width tensors. Compiled, this is what runs (LA, MoA and glu)."""
+    activations φ_k(h): K hidden-width tensors. Compiled, this is what runs (LA, MoA and glu), with the CPU's GELU
+    below on a CPU."""
     hf, c = _wide(h), _wide(coefs)
-    return sum(c[..., k : k + 1] * BASIS[name][0](hf) for k, name in enumerate(names)).to(h.dtype)
+    return sum(c[..., k : k + 1] * basis[name][0](hf) for k, name in enumerate(names)).to(h.dtype)
 
 
-# Compiled on a CPU, the mixtures keep σ(h) and GELU(h) for backward instead of recomputing them.
+# Compiled on a CPU, the mixtures keep their transcendental results for backward instead of recomputing them.
 # Inductor's partitioner recomputes elementwise results in backward rather than store them, which suits a GPU, where
 # memory traffic is the cost and an exponential is almost free. On a CPU the transcendental functions are the cost:
-# the compiled MoA-GLU mixture evaluated erf, exp and σ again in backward. A selective activation checkpointing policy
-# (torch.utils.checkpoint; PyTorch's documented way to choose what a compiled backward keeps) marks σ(h) and GELU(h)
-# as must-save and leaves the rest to recompute; Inductor then also computes GELU's derivative in forward and keeps
-# it, so backward evaluates no transcendental function at all. What it saves and costs, at the default comparison's
-# shape on a 2-core CPU: see BENCHMARKS.md (the step is shorter; backward keeps up to 3 more hidden-width tensors per
-# mixture). On CUDA nothing changes: backward recomputes, and keeps only the mixture's inputs.
-_KEPT_FOR_BACKWARD = (torch.ops.aten.sigmoid.default, torch.ops.aten.gelu.default)
+# the compiled MoA-GLU mixture evaluated erf, exp and σ again in backward. Two changes, on a CPU only:
+#   - GELU(h) = h Φ(h) is written so that its derivative Φ(h) + h φ(h) takes its exponential from the erf:
+#     φ(h) ∝ e^{-u²} with u = h/√2, the very exponential that erf(u) evaluates inside (PyTorch's vectorised erf is
+#     Abramowitz & Stegun 7.1.26: 1 − t·p(t)·e^{-u²}). Both are written from the same u, and the C++ compiler, which
+#     knows the vector exp as a pure function, evaluates it once: one exponential less per element.
+#   - A selective activation checkpointing policy (torch.utils.checkpoint; PyTorch's documented way to choose what a
+#     compiled backward keeps) marks σ(h), erf(u) and e^{-u²} as must-save and leaves the rest to recompute, so
+#     backward evaluates no transcendental function at all.
+# What it saves and costs, at the default comparison's shape on a 2-core CPU: see BENCHMARKS.md (the step is shorter;
+# backward keeps up to 3 more hidden-width tensors per mixture). On CUDA nothing changes: backward recomputes, and
+# keeps only the mixture's inputs.
+
+
+def _gelu_sharing_exp(h):
+    """GELU(h) = h Φ(h), Φ(h) = (1 + erf(u))/2, u = h/√2, with the value of (h/2)(1 + erf(u)) to the last bit (which
+    is how Inductor computes F.gelu), and whose derivative Φ(h) + h e^{-u²}/√(2π) autograd takes from the forward's own e^{-u²}: the value
+    is computed from h.detach() and the slope enters as (h − h.detach())·slope, zero in value. The price: forward also
+    evaluates that zero term, a few multiplications per element, which the saved exponential more than pays."""
+    hd = h.detach()
+    u = hd * _INV_SQRT2
+    cdf = 0.5 * (1.0 + torch.erf(u))
+    slope = cdf + hd * torch.exp(-(u * u)) * _INV_SQRT_2PI
+    return hd * cdf + (h - hd) * slope
+
+
+_CPU_BASIS = {**BASIS, "gelu": (_gelu_sharing_exp, _gelu_grad)}
+_KEPT_FOR_BACKWARD = (torch.ops.aten.sigmoid.default, torch.ops.aten.erf.default, torch.ops.aten.exp.default)
 
 
 def _keep_transcendentals(ctx, op, *args, **kwargs):
@@ -291,7 +313,7 @@ def compiled_mixture(fn, h, *args):
     above; on any other device, as is."""
     if not h.is_cpu:
         return fn(h, *args)
-    return checkpoint(fn, h, *args, use_reentrant=False, context_fn=_KEEP_TRANSCENDENTALS)
+    return checkpoint(fn, h, *args, basis=_CPU_BASIS, use_reentrant=False, context_fn=_KEEP_TRANSCENDENTALS)
 
 
 def _init_alpha(names, la_init):
@@ -399,9 +421,9 @@ def glu(act_gate, act_up, g, u, coefs_gate, coefs_up):
     return act_gate(g, coefs_gate) * act_up(u, coefs_up)
 
 
-def _mix_product(g, u, cg, cu, names_g, names_u):
+def _mix_product(g, u, cg, cu, names_g, names_u, basis=BASIS):
     """(Σ_k cg_k φ_k(g)) ⊙ (Σ_l cu_l φ_l(u)) with plain autograd, in fp32 (at least), returned in g's dtype."""
-    return (mix_reference(_wide(g), cg, names_g) * mix_reference(_wide(u), cu, names_u)).to(g.dtype)
+    return (mix_reference(_wide(g), cg, names_g, basis) * mix_reference(_wide(u), cu, names_u, basis)).to(g.dtype)
 
 
 # The memory-lean mixtures. What they save: backward keeps h and the coefficients only, where plain autograd of

@@ -303,9 +303,8 @@ TRANSCENDENTAL = {"aten.exp.default", "aten.erf.default", "aten.sigmoid.default"
 
 @pytest.mark.parametrize("variant", ["la", "moa", "moa_glu"])
 def test_compiled_mixture_backward_evaluates_no_transcendental_on_cpu(variant):
-    """Compiled on a CPU, the mixtures keep σ(h), GELU(h) and GELU's derivative (which Inductor then computes in
-    forward) for backward, so their backward evaluates no transcendental function at the hidden width (MoA's gates,
-    K per token, may recompute their σ). The check can fail: the same mixture without that policy recomputes exp and
+    """Compiled on a CPU, the mixtures keep σ(h), erf(h/√2) and e^{-h²/2} for backward, so their backward evaluates no
+    transcendental function at the hidden width (MoA's gates, K per token, may recompute their σ). The check can fail: the same mixture without that policy recomputes exp and
     erf at the hidden width."""
     torch.manual_seed(3)
     ffn = FFN(GPTConfig(n_embd=32, n_head=4, ffn=variant))
@@ -315,6 +314,24 @@ def test_compiled_mixture_backward_evaluates_no_transcendental_on_cpu(variant):
     h, c = torch.randn(2, 8, hidden, requires_grad=True), torch.randn(6, requires_grad=True)
     plain = backward_graph_ops(lambda h, c: A.mix_reference(h, c, tuple(A.BASIS)), h, c)
     assert {"aten.exp.default", "aten.erf.default"} <= {op for op, shape in plain if shape[-1:] == (hidden,)}, plain
+
+
+def test_cpu_gelu_is_gelu_and_takes_its_derivative_from_the_erf_exponential():
+    """The GELU of the compiled CPU mixtures has the value of (h/2)(1 + erf(h/√2)) bit for bit in fp32 (its zero term
+    adds nothing; that formula is how Inductor computes F.gelu), so F.gelu's within float rounding, and GELU's
+    derivative (float64 gradcheck against finite differences of its value); its one exponential is e^{-u²} of the
+    very u that erf takes, the expression erf evaluates inside, which is what lets the C++ compiler evaluate it once."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    h = torch.linspace(-8, 8, 4001)
+    assert torch.equal(A._gelu_sharing_exp(h), (0.5 * h) * (1.0 + torch.erf(h * A._INV_SQRT2)))
+    torch.testing.assert_close(A._gelu_sharing_exp(h), torch.nn.functional.gelu(h), rtol=0, atol=1e-6)
+    assert torch.autograd.gradcheck(A._gelu_sharing_exp, torch.randn(64, dtype=torch.float64, requires_grad=True))
+    nodes = make_fx(A._gelu_sharing_exp)(h).graph.nodes
+    (erf,) = [n for n in nodes if n.target == torch.ops.aten.erf.default]
+    (exp,) = [n for n in nodes if n.target == torch.ops.aten.exp.default]
+    neg = exp.args[0]
+    assert neg.target == torch.ops.aten.neg.default and neg.args[0].target == torch.ops.aten.mul.Tensor
+    assert neg.args[0].args == (erf.args[0], erf.args[0])
 
 
 @pytest.mark.parametrize("variant", ["polynorm", "la_glu", "moa_glu"])
