@@ -8,13 +8,13 @@ memory for backward and pays for it by recomputing.
 
 Eager and compiled take different paths through those modules, on purpose. Eager (plain PyTorch), every operation of
 the formula is a kernel of its own and autograd keeps each intermediate for backward, so the memory-lean Functions
-pay. Compiled (torch.compile), the modules run the plain reference instead: Inductor fuses its elementwise chain
-into a few kernels, and its min-cut partitioner chooses what backward keeps and what it recomputes, which is the
-Function's trade made by the compiler. On a CPU, where transcendental functions rather than memory traffic are the
-cost, the LA/MoA mixtures tell it to keep their σ(h), erf and exponential instead, and evaluate GELU's derivative from
-the exponential inside its erf (compiled_mixture below). A graph of plain
-operations can also be stored in AOTAutograd's on-disk cache, which skips graphs that contain a custom autograd
-Function; so a second run of the same variant loads its compiled graphs instead of tracing them again.
+pay. Compiled (torch.compile), the modules run the plain reference instead: Inductor fuses its elementwise chain into
+a few kernels, and its min-cut partitioner chooses what backward keeps and what it recomputes, which is the Function's
+trade made by the compiler. On a CPU, where transcendental functions rather than memory traffic are the cost, the
+LA/MoA mixtures tell it to keep their σ(h), erf and exponential instead, and evaluate GELU's derivative from the
+exponential inside its erf (compiled_mixture below). A graph of plain operations can also be stored in AOTAutograd's
+on-disk cache, which skips graphs that contain a custom autograd Function; so a second run of the same variant loads
+its compiled graphs instead of tracing them again.
 
 Every activation has the same two-step interface, so that the FFN and the Mixture of Experts in model.py treat them
 all alike:
