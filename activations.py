@@ -282,9 +282,10 @@ def mix_reference(h, coefs, names, basis=BASIS):
 
 def _gelu_sharing_exp(h):
     """GELU(h) = h Φ(h), Φ(h) = (1 + erf(u))/2, u = h/√2, with the value of (h/2)(1 + erf(u)) to the last bit (which
-    is how Inductor computes F.gelu), and whose derivative Φ(h) + h e^{-u²}/√(2π) autograd takes from the forward's own e^{-u²}: the value
-    is computed from h.detach() and the slope enters as (h − h.detach())·slope, zero in value. The price: forward also
-    evaluates that zero term, a few multiplications per element, which the saved exponential more than pays."""
+    is how Inductor computes F.gelu), and whose derivative Φ(h) + h e^{-u²}/√(2π) autograd takes from the forward's
+    own e^{-u²}: the value is computed from h.detach() and the slope enters as (h − h.detach())·slope, zero in value.
+    The price: forward also evaluates that zero term, a few multiplications per element, which the saved exponential
+    more than pays."""
     hd = h.detach()
     u = hd * _INV_SQRT2
     cdf = 0.5 * (1.0 + torch.erf(u))

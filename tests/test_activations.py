@@ -304,8 +304,8 @@ TRANSCENDENTAL = {"aten.exp.default", "aten.erf.default", "aten.sigmoid.default"
 @pytest.mark.parametrize("variant", ["la", "moa", "moa_glu"])
 def test_compiled_mixture_backward_evaluates_no_transcendental_on_cpu(variant):
     """Compiled on a CPU, the mixtures keep σ(h), erf(h/√2) and e^{-h²/2} for backward, so their backward evaluates no
-    transcendental function at the hidden width (MoA's gates, K per token, may recompute their σ). The check can fail: the same mixture without that policy recomputes exp and
-    erf at the hidden width."""
+    transcendental function at the hidden width (MoA's gates, K per token, may recompute their σ). The check can fail:
+    the same mixture without that policy recomputes exp and erf at the hidden width."""
     torch.manual_seed(3)
     ffn = FFN(GPTConfig(n_embd=32, n_head=4, ffn=variant))
     hidden = ffn.w_up.out_features
