@@ -258,8 +258,8 @@ class _PolyFunction(torch.autograd.Function):
 def mix_reference(h, coefs, names, basis=BASIS):
     """The mixture as written, with plain autograd: Σ_k c_k φ_k(h), coefs (..., K) broadcast over the hidden channels
     (a single row (K,) for LA), computed in fp32 (at least) and returned in h's dtype. Eager, backward keeps the K
-    activations φ_k(h): K hidden-width tensors. Compiled, this is what runs (LA, MoA and glu), with the CPU's GELU
-    below on a CPU."""
+    activations φ_k(h): K hidden-width tensors. Compiled, this is what runs (LA, MoA and glu); on a CPU,
+    compiled_mixture passes basis=_CPU_BASIS, whose GELU shares its erf's exponential (below)."""
     hf, c = _wide(h), _wide(coefs)
     return sum(c[..., k : k + 1] * basis[name][0](hf) for k, name in enumerate(names)).to(h.dtype)
 
