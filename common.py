@@ -77,22 +77,14 @@ def compile_model(model, mode):
       state_dict keys start with '_orig_mod.'). Compiles every layer's code into one graph: more compile time, but
       Inductor can fuse across block boundaries and into the loss.
     dynamic=False: shapes never change within a run (every batch is batch_size x block_size), so Dynamo specialises
-    once instead of recompiling with symbolic sizes when a second shape shows up.
-    cpp_wrapper, on a CPU: Inductor writes the code that calls a graph's kernels in C++ and builds it together with
-    the kernels, one gcc run and one library per graph, instead of a Python wrapper and one gcc run per kernel. Each
-    gcc run first loads PyTorch's vectorisation headers (precompiled, still ~1 s on a 2-core CPU), and a block's
-    graphs hold 6-12 kernels each, so a cold compile takes a quarter less CPU time (BENCHMARKS.md, compile-time
-    section); the kernels are the same, and a step skips the Python calls between them. Not on CUDA, where the kernels
-    are Triton's and the Python wrapper is the default that was measured."""
+    once instead of recompiling with symbolic sizes when a second shape shows up."""
     enable_compile_cache()
-    options = {}
     if next(model.parameters()).device.type == 'cpu':
         check_cpu_isa_in_background()
-        options['cpp_wrapper'] = True
     if mode == 'whole':
-        return torch.compile(model, dynamic=False, options=options)
+        return torch.compile(model, dynamic=False)
     for block in model.transformer.h:
-        block.compile(dynamic=False, options=options)
+        block.compile(dynamic=False)
     return model
 
 
