@@ -41,6 +41,7 @@ import os
 import random
 import sys
 import time
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -123,6 +124,14 @@ STOPPED = 'stopped.txt'  # in the run directory of a run that stopped (non-finit
 # size, 0-6% at d = 256.
 CPU_COMPILE_STEPS = 800
 
+# A compiled run compiles its evaluation forward too (no_grad and eval mode make it a graph of its own), except on a CPU
+# for a run that evaluates fewer batches than this (eval_iters x its evaluations): there evaluation runs eager
+# (torch.compiler.set_stance("force_eager"): the same code, unfused). The evaluation graph costs about what the
+# training forward costs to compile and saves a few milliseconds per batch at the default comparison's size, so it
+# pays after about a thousand batches; each run of that comparison evaluates 112 (BENCHMARKS.md, "When compiling pays
+# on a CPU").
+CPU_COMPILE_EVAL_BATCHES = 1000
+
 
 def use_compile(device_type, steps):
     """--compile's default, and why, for training of `steps` steps that shares one compile (CPU_COMPILE_STEPS).
@@ -140,6 +149,17 @@ def use_compile(device_type, steps):
         return False, (f'{steps} steps would pay for compiling, but torch.compile finds no C++ compiler to build CPU '
                        f'kernels with: install g++ (or clang++), or set $CXX, to compile')
     return True, f'{steps} steps, at least the {CPU_COMPILE_STEPS} from which compiling pays on a CPU'
+
+
+def compile_evaluation(device_type, batches):
+    """Whether a compiled run that evaluates `batches` batches in all compiles its evaluation forward as well: on a CPU
+    from CPU_COMPILE_EVAL_BATCHES on, elsewhere always."""
+    return device_type != 'cpu' or batches >= CPU_COMPILE_EVAL_BATCHES
+
+
+def evaluations(cfg):
+    """How many times a run evaluates: at iteration 0, every eval_interval, and at max_iters."""
+    return cfg['max_iters'] // cfg['eval_interval'] + 1 + (cfg['max_iters'] % cfg['eval_interval'] > 0)
 
 
 def check_config(cfg):
@@ -380,6 +400,11 @@ class Trainer:
         self.use_compile, self.compile_reason = ((cfg['compile'], f"--compile={cfg['compile']}")
                                                  if cfg['compile'] is not None else
                                                  use_compile(self.device_type, cfg['max_iters'] * self.gas))
+        eval_batches = cfg['eval_iters'] * evaluations(cfg)
+        self.compile_eval = self.use_compile and compile_evaluation(self.device_type, eval_batches)
+        if self.use_compile and not self.compile_eval:
+            self.compile_reason += (f"; evaluation eager: {eval_batches} batches, under the "
+                                    f"{CPU_COMPILE_EVAL_BATCHES} from which compiling it pays on a CPU")
         if self.use_compile:
             if self.master:
                 print(f"compiling ({cfg['compile_mode']}) on first use; compiled code is cached in "
@@ -465,13 +490,15 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self):
-        """Mean cross-entropy over the fixed validation batches (split across processes), in eval mode."""
+        """Mean cross-entropy over the fixed validation batches (split across processes), in eval mode; compiled only
+        if the run compiles its evaluation (compile_evaluation), else eager even where the blocks are compiled."""
         self.eval_model.eval()
         total = torch.zeros(2, device=self.device, dtype=torch.float64)  # [sum of losses, number of batches]
-        for X, Y in self.val_batches[self.rank::self.world_size]:
-            with self.autocast:
-                _, loss = self.eval_model(X.to(self.device), Y.to(self.device))
-            total += torch.stack([loss.double(), torch.ones((), device=self.device, dtype=torch.float64)])
+        with nullcontext() if self.compile_eval else torch.compiler.set_stance("force_eager"):
+            for X, Y in self.val_batches[self.rank::self.world_size]:
+                with self.autocast:
+                    _, loss = self.eval_model(X.to(self.device), Y.to(self.device))
+                total += torch.stack([loss.double(), torch.ones((), device=self.device, dtype=torch.float64)])
         if self.ddp:
             dist.all_reduce(total)
         self.eval_model.train()
@@ -665,7 +692,7 @@ class Trainer:
         if self.master:
             print(f"done: {self.iter_num} iterations, {self.tokens:,} tokens, best val loss {self.best_val_loss:.4f}, "
                   f"checkpoint {self.ckpt_path}")
-            if self.use_compile:  # one graph per distinct graph (train, eval); the cache hits say what was reused
+            if self.use_compile:  # a graph for training, one for evaluation if compiled; hits: what was reused
                 print('compile: ' + json.dumps(compile_stats()))
 
 

@@ -1,6 +1,6 @@
-"""torch.compile in train.py: regional compilation compiles each distinct graph once (training, evaluation) and
-never again within a run; a second process of the same variant is served from the shared on-disk caches; compiled
-training follows eager training; checkpoints keep plain keys.
+"""torch.compile in train.py: regional compilation compiles each distinct graph once (training, and evaluation where
+the run compiles it) and never again within a run; a second process of the same variant is served from the shared
+on-disk caches; compiled training follows eager training; checkpoints keep plain keys.
 
 A cold compile costs tens of seconds on a 2-core CPU, so every run here has the same tiny shape (2 layers, d=32) and
 shares one cache directory: only the first process compiles, the others load."""
@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+import train as train_py
 from common import model_state
 from model import GPT, GPTConfig
 
@@ -55,15 +56,16 @@ def cache_runs(shakespeare_char_dir, tmp_path_factory):
 
 def test_second_process_is_served_from_the_cache(cache_runs):
     _, _, (first, second) = cache_runs
-    # the block's training graph (forward + backward) and its evaluation graph: 2 graphs, 3 compiled code modules.
-    # Both graphs are AOTAutograd cache entries: compiled, MoA-GLU is plain operations, no custom autograd Function
-    # (a graph with one is skipped by that cache and traced again by every process), and its CPU policy of what
-    # backward keeps carries the key that cache asks of such a policy (activations.py)
-    assert first['graphs'] == second['graphs'] == 2
-    assert first['fx_cache_hit'] == 0 and first['fx_cache_miss'] == 3
-    assert first['aot_cache_hit'] == 0 and first['aot_cache_miss'] == 2
-    assert second['fx_cache_miss'] == 0 and second['fx_cache_hit'] == 3
-    assert second['aot_cache_miss'] == 0 and second['aot_cache_hit'] == 2
+    # the block's training graph (forward + backward): 1 graph, 2 compiled code modules; evaluation runs eager (these
+    # runs evaluate 4 x 2 batches, under train.CPU_COMPILE_EVAL_BATCHES). The graph is an AOTAutograd cache entry:
+    # compiled, MoA-GLU is plain operations, no custom autograd Function (a graph with one is skipped by that cache
+    # and traced again by every process), and its CPU policy of what backward keeps carries the key that cache asks
+    # of such a policy (activations.py)
+    assert first['graphs'] == second['graphs'] == 1
+    assert first['fx_cache_hit'] == 0 and first['fx_cache_miss'] == 2
+    assert first['aot_cache_hit'] == 0 and first['aot_cache_miss'] == 1
+    assert second['fx_cache_miss'] == 0 and second['fx_cache_hit'] == 2
+    assert second['aot_cache_miss'] == 0 and second['aot_cache_hit'] == 1
 
 
 # train.py's main in a fresh process, then Dynamo's own record of what it compiled (forward frames; a backward
@@ -82,13 +84,15 @@ print('counted: ' + json.dumps({'graphs': counters['stats']['unique_graphs'], 'f
 
 
 def test_one_compile_per_graph_and_no_recompiles(cache_runs, shakespeare_char_dir, tmp_path):
-    """Over a run with 4 evaluations (iterations 0, 3, 6, 7), a last log window of one step, a learning rate that
-    changes every step and learned() on every evaluation line: Dynamo compiles the Block once for training and once
-    for evaluation (the second layer reuses the first's graph), and nothing else."""
+    """Over a run with 4 evaluations (iterations 0, 3, 6, 7) of 250 batches, enough for a CPU run to compile its
+    evaluation (train.CPU_COMPILE_EVAL_BATCHES), a last log window of one step, a learning rate that changes every
+    step and learned() on every evaluation line: Dynamo compiles the Block once for training and once for evaluation
+    (the second layer reuses the first's graph), and nothing else."""
     cache, _, _ = cache_runs
     out = str(tmp_path / 'run')
-    p = train(shakespeare_char_dir, out, *SHAPE, '--compile=True', launcher=[sys.executable, '-c', COUNT],
-              extra_env={'TORCHINDUCTOR_CACHE_DIR': cache})
+    assert 4 * 250 >= train_py.CPU_COMPILE_EVAL_BATCHES
+    p = train(shakespeare_char_dir, out, *SHAPE, '--compile=True', '--eval_iters=250',
+              launcher=[sys.executable, '-c', COUNT], extra_env={'TORCHINDUCTOR_CACHE_DIR': cache})
     assert_ok(p)
     counted = json.loads(next(l for l in p.stdout.splitlines() if l.startswith('counted: '))[len('counted: '):])
     assert counted['graphs'] == 2
@@ -122,7 +126,7 @@ def test_ddp_with_regional_compile_matches_one_process(cache_runs, shakespeare_c
     p = train(shakespeare_char_dir, ddp_out, *SHAPE, '--compile=True', '--seed=1', launcher=torchrun,
               extra_env={'TORCHINDUCTOR_CACHE_DIR': cache})
     assert_ok(p)
-    assert compile_line(p)['graphs'] == 2  # rank 0's process: no graph of its own for DDP
+    assert compile_line(p)['graphs'] == 1  # rank 0's process: no graph of its own for DDP, evaluation eager
     assert_ok(train(shakespeare_char_dir, one_out, *SHAPE, '--compile=False', '--seed=1',
                     '--gradient_accumulation_steps=2'))
     assert_same_losses(ddp_out, one_out)
@@ -193,7 +197,8 @@ def test_compile_seconds_are_logged_apart_from_step_time(cache_runs):
     _, outs, stats = cache_runs
     for out, printed in zip(outs, stats):
         records = log(out)
-        assert records[0]['iter'] == 0 and records[0]['compile_s'] > 0  # the evaluation graph, at iteration 0
+        # iteration 0 evaluates before any training step, eagerly (8 batches): nothing is compiled yet
+        assert records[0]['iter'] == 0 and records[0]['compile_s'] == 0 and records[1]['compile_s'] > 0
         assert records[-1]['compile_s'] == pytest.approx(printed['compile_s'], abs=0.01)
         train_time, prev = 0.0, 0
         for r in records:
@@ -222,6 +227,17 @@ def test_compile_default_follows_the_number_of_steps(monkeypatch):
     assert use_compile('cuda', 1)[0] is True
     assert use_compile('cpu', CPU_COMPILE_STEPS)[0] is True and use_compile('cpu', CPU_COMPILE_STEPS - 1)[0] is False
     assert use_compile('mps', 10 ** 9)[0] is False
+
+
+def test_evaluation_compiles_on_a_cpu_only_from_enough_batches():
+    """A compiled run compiles its evaluation on CUDA always and on a CPU from CPU_COMPILE_EVAL_BATCHES batches on,
+    counting its evaluations at iteration 0, every eval_interval and at max_iters."""
+    from train import CPU_COMPILE_EVAL_BATCHES, compile_evaluation, evaluations
+    assert compile_evaluation('cuda', 1) is True
+    assert compile_evaluation('cpu', CPU_COMPILE_EVAL_BATCHES) is True
+    assert compile_evaluation('cpu', CPU_COMPILE_EVAL_BATCHES - 1) is False
+    assert evaluations({'max_iters': 300, 'eval_interval': 50}) == 7  # 0, 50, ..., 300
+    assert evaluations({'max_iters': 7, 'eval_interval': 3}) == 4  # 0, 3, 6 and 7
 
 
 def test_without_a_cpp_compiler_a_cpu_run_stays_eager_and_says_why():
