@@ -119,7 +119,7 @@ STOPPED = 'stopped.txt'  # in the run directory of a run that stopped (non-finit
 # graphs are not cached yet, 1.2-3.1 s per run when they are and ~1.6 s per run of importing Inductor, whatever the
 # model's size, and saves 26-34 ms per step on average over the default comparison's 8 variants at its tiny size (2
 # layers, d = 64), more at larger sizes (255-458 ms at 4 layers, d = 256). So it breaks even after ~700-940 steps on a
-# fresh cache and ~310-380 with the graphs cached, and a machine compiles a graph once and then loads it in every rerun,
+# fresh cache and ~300-380 with the graphs cached, and a machine compiles a graph once and then loads it in every rerun,
 # added seed and comparison of the same shape. The fixed activations save least: GELU alone 4-12 ms per step at the tiny
 # size, 0-6% at d = 256.
 CPU_COMPILE_STEPS = 800
