@@ -126,10 +126,9 @@ CPU_COMPILE_STEPS = 800
 
 # A compiled run compiles its evaluation forward too (no_grad and eval mode make it a graph of its own), except on a CPU
 # for a run that evaluates fewer batches than this (eval_iters x its evaluations): there evaluation runs eager
-# (torch.compiler.set_stance("force_eager"): the same code, unfused). The evaluation graph costs about what the
-# training forward costs to compile and saves a few milliseconds per batch at the default comparison's size, so it
-# pays after about a thousand batches; each run of that comparison evaluates 112 (BENCHMARKS.md, "When compiling pays
-# on a CPU").
+# (torch.compiler.set_stance("force_eager"): the same code, unfused). At the default comparison's size the evaluation
+# graph takes 4.0 s (GELU) to 7.3 s (MoA-GLU) to compile and saves 2.4-13.7 ms per batch, so it pays after ~530-1,700
+# batches; each run of that comparison evaluates 112 (BENCHMARKS.md, "When compiling pays on a CPU").
 CPU_COMPILE_EVAL_BATCHES = 1000
 
 
