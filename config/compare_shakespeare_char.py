@@ -47,7 +47,7 @@ device = 'cpu'
 # at least the 800 from which train.py compiles on a CPU (it explains why), so the runs compile (each variant's first
 # seed compiles, the other seeds load its graphs from the on-disk cache; evaluation runs eager, see train.py).
 # Measured back to back on two 2-core machines, the 24 runs took 0.96-1.03x the eager time compiled on a fresh machine
-# on an AMD EPYC, 0.99x pooled over five pairs (0.90-1.03x in three earlier pairs, which also compiled evaluation;
+# on an AMD EPYC, 0.98x pooled over seven pairs (0.90-1.03x in three earlier pairs, which also compiled evaluation;
 # 0.96-0.99x in two pairs on an Intel Xeon: break-even within the noise of one pair) and 0.71-0.84x with the graphs
 # already cached (a machine compiles them once; the Xeon's speed drifted by a third between runs, so only back-to-back
 # runs compare).
