@@ -156,9 +156,14 @@ def compile_evaluation(device_type, batches):
     return device_type != 'cpu' or batches >= CPU_COMPILE_EVAL_BATCHES
 
 
+def is_evaluation(it, cfg):
+    """Whether a run evaluates (and checkpoints) at iteration `it`: at 0, every eval_interval, and at max_iters."""
+    return it % cfg['eval_interval'] == 0 or it == cfg['max_iters']
+
+
 def evaluations(cfg):
-    """How many times a run evaluates: at iteration 0, every eval_interval, and at max_iters."""
-    return cfg['max_iters'] // cfg['eval_interval'] + 1 + (cfg['max_iters'] % cfg['eval_interval'] > 0)
+    """How many times a run evaluates over its iterations 0..max_iters."""
+    return sum(is_evaluation(it, cfg) for it in range(cfg['max_iters'] + 1))
 
 
 def check_config(cfg):
@@ -647,7 +652,7 @@ class Trainer:
                 parts, grad_norm = self.train_step(lr, nan_at)
                 window.append(parts)
                 pbar.update(1)
-                is_eval = self.iter_num % cfg['eval_interval'] == 0 or self.iter_num == cfg['max_iters']
+                is_eval = is_evaluation(self.iter_num, cfg)
                 if not (is_eval or self.iter_num % cfg['log_interval'] == 0):
                     continue
                 # one sync point per log line. Compiling is not step time: a compiled run's first step traces and

@@ -12,7 +12,6 @@ import sys
 import pytest
 import torch
 
-import train as train_py
 from common import model_state
 from model import GPT, GPTConfig
 
@@ -90,7 +89,8 @@ def test_one_compile_per_graph_and_no_recompiles(cache_runs, shakespeare_char_di
     (the second layer reuses the first's graph), and nothing else."""
     cache, _, _ = cache_runs
     out = str(tmp_path / 'run')
-    assert 4 * 250 >= train_py.CPU_COMPILE_EVAL_BATCHES
+    from train import CPU_COMPILE_EVAL_BATCHES
+    assert 4 * 250 >= CPU_COMPILE_EVAL_BATCHES
     p = train(shakespeare_char_dir, out, *SHAPE, '--compile=True', '--eval_iters=250',
               launcher=[sys.executable, '-c', COUNT], extra_env={'TORCHINDUCTOR_CACHE_DIR': cache})
     assert_ok(p)
