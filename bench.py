@@ -1,11 +1,11 @@
 """
-Benchmark the FFN variants against each other on one model shape, in one process.
+Benchmark the FFN variants against each other on one model shape, in one process: time and memory per step, as
+ratios to the baseline of each variant's kind measured in the same run.
 
     python bench.py                                           # every variant, eager and compiled, char-level shape
     python bench.py --variants=polynorm,moa --compile=True    # gelu (and swiglu for gated variants) come along
     python bench.py --profile=polynorm --compile=True         # torch.profiler: top ops by self CPU time vs gelu
     python bench.py --variants=gelu,swiglu --n_expert=8       # MoE models, each also against its dense twin
-    python bench.py --compile_time=True --variants=gelu,moa   # compile seconds: whole vs regional, cold vs warm cache
     python bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 \\
         --vocab_size=50257 --batch_size=16                    # the ~124M dense model on a GPU
 
@@ -28,45 +28,25 @@ For each variant, and for each of eager / compiled, on the same GPT shape and th
     in the same interleaved rounds, giving the MoE/dense step-time ratio.
 Prints a markdown table and writes everything, raw step times included, to the JSON file `json`.
 
---compile_time=True measures instead what compiling costs, for each variant and each of whole-model and regional
-compilation (common.compile_model): a fresh Python process builds the model and its optimizer (which imports Dynamo,
-as every run does, eager or compiled), then times the compile_model call (it compiles nothing yet: it imports
-Inductor and starts its CPU check; reported apart as "import s", the same for every mode and cache state), the first
-training step (which compiles forward and backward), the next `warmup` steps (the step time, compiled) and its first
-evaluation forward (no_grad, eval mode: a graph of its own); compile seconds are the first step's and the first
-evaluation's time beyond a compiled step. It also reads Dynamo's compile seconds and the FX graph / AOTAutograd cache
-counters (common.compile_stats). Cold: the process starts on a cache directory that holds nothing of this model, as
-the first run of each variant of a comparison finds it. Inductor's set-up of a new cache directory (it builds and
-loads a small test program for each vector instruction set the CPU reports) is paid once per directory, not per
-variant or per run (nanoFFN keeps one directory for every run on the machine, see common.compile_cache_dir): it is
-done once, by compiling a one-line function in a process of its own, timed and reported above the table, and every
-cold process starts on a copy of that set-up directory. A cold process that finds any of its graphs cached is an
-error. Warm: a second process on the directory the cold one filled, as every later run of the same variant finds
-it. The processes are interleaved (variant by variant: regional cold, whole cold, regional warm, whole warm), each
-with `threads` threads, `compile_rounds` times over; the table gives medians over the rounds and their range.
-
 Settings: --key=value overrides of the defaults below (see configurator.py), plus every field of model.GPTConfig
 except ffn (the variants choose it).
 """
 import dataclasses
-import json
 import os
 import platform
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from contextlib import nullcontext
 from datetime import datetime, timezone
 
 import torch
 
-from activations import VARIANTS, check_variant
-from common import COMPILE_MODES, compile_model, compile_stats, resolve_device, resolve_dtype
-from configurator import UserError, parse_args, run_cli
-from model import GPT, GPTConfig
+import device as hw
+from activations import VARIANTS, baseline_of
+from configurator import GPTConfig, UserError, check_variants, model_config, parse_args, run_cli
+from model import GPT
+from rundir import write_json
 
 # -----------------------------------------------------------------------------
 # default config values
@@ -85,8 +65,6 @@ BENCH_DEFAULTS = dict(
     profile_rows=15,  # rows of the profiler's table
     seed=1337,
     compile_mode="regional",  # regional (every Block) | whole (the GPT): what --compile=True compiles
-    compile_time=False,  # measure compile time (cold and warm cache, whole vs regional) instead of step time
-    compile_rounds=1,  # with compile_time: rounds of every (variant, mode, cold/warm) process; the table gives medians
     threads=0,  # CPU threads for torch (0: torch's default). On a CPU shared with other jobs, 1 avoids the
     #             OpenMP threads waiting on each other, which can make small steps many times slower
 )
@@ -122,14 +100,7 @@ def saved_bytes_for_backward(fn, *args):
 def resolve(cfg):
     """Check the settings; return (variants incl. baselines in registry order, compile modes, device, dtype)."""
     names = list(VARIANTS)  # registry order: relu, gelu, …, moa, swiglu, …, moa_glu
-    asked = names if cfg["variants"] == "all" else [v.strip() for v in cfg["variants"].split(",") if v.strip()]
-    if not asked:
-        raise UserError(f"--variants is empty; give 'all' or comma-separated names of: {', '.join(names)}.")
-    for v in asked:
-        try:
-            check_variant(v)
-        except ValueError as e:
-            raise UserError(f"--variants: {e} (or 'all').") from None
+    asked = names if cfg["variants"] == "all" else check_variants(cfg["variants"])
     wanted = set(asked) | {baseline_of(v) for v in asked}
     variants = [v for v in names if v in wanted]
 
@@ -141,10 +112,10 @@ def resolve(cfg):
     if cfg["device"] == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     else:
-        device = resolve_device(cfg["device"])
+        device = hw.resolve_device(cfg["device"])
     if device.split(":")[0] not in ("cpu", "cuda"):
         raise UserError(f"--device expects auto, cpu, cuda or cuda:N (bench.py does not measure MPS), got '{device}'.")
-    dtype = resolve_dtype(cfg["dtype"], device.split(":")[0])
+    dtype = hw.resolve_dtype(cfg["dtype"], device.split(":")[0])
     if dtype == "float16":  # would need a GradScaler: not worth it for a benchmark
         raise UserError("--dtype expects auto, float32 or bfloat16 (float16 is not benchmarked), got 'float16'.")
 
@@ -153,10 +124,11 @@ def resolve(cfg):
             raise UserError(f"--{key} must be at least 1, got {cfg[key]}.")
     if cfg["warmup"] < 1:  # the first step compiles and allocates: it must never be timed
         raise UserError(f"--warmup must be at least 1, got {cfg['warmup']}.")
-    if cfg["compile_mode"] not in COMPILE_MODES:
-        raise UserError(f"--compile_mode expects {' or '.join(COMPILE_MODES)}, got '{cfg['compile_mode']}'.")
-    if cfg["profile"] and cfg["profile"] not in VARIANTS:
-        raise UserError(f"--profile expects one variant of: {', '.join(names)}; got '{cfg['profile']}'.")
+    if cfg["compile_mode"] not in ("regional", "whole"):
+        raise UserError(f"--compile_mode expects regional or whole, got '{cfg['compile_mode']}'.")
+    if cfg["profile"]:
+        check_variants(cfg["profile"])
+    model_config({**cfg, "ffn": variants[0]})  # the model keys' own checks (e.g. n_embd divisible by n_head)
     return variants, modes, device, dtype
 
 
@@ -164,11 +136,6 @@ def set_threads(cfg):
     # before anything is compiled: Inductor's C++ kernels take their OpenMP thread count at compile time
     if cfg["threads"] > 0:
         torch.set_num_threads(cfg["threads"])
-
-
-def baseline_of(variant):
-    """gelu for non-gated variants, swiglu for gated ones: what each kind is compared against."""
-    return "swiglu" if VARIANTS[variant].gated else "gelu"
 
 
 # -----------------------------------------------------------------------------
@@ -183,20 +150,16 @@ class Bench:
         self.moe = model_args["n_expert"] > 0
         self.key = (variant, self.moe)
         torch.manual_seed(cfg["seed"])
-        try:  # the config's checks, then the activation's own (poly_order, act_dict, ...) as it is built
-            self.model = GPT(GPTConfig(**model_args, ffn=variant)).to(device).train()
+        try:  # the activation's own checks (poly_order, act_dict, ...) as it is built
+            self.model = GPT(model_config({**model_args, "ffn": variant})).to(device).train()
         except ValueError as e:
             raise UserError(f"{e}; fix the model keys.") from None
         self.variant, self.compiled, self.device = variant, compiled, device
         device_type = device.split(":")[0]
         self.opt = self.model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type) if cfg["optimizer"] else None
         # compile_model uses dynamic=False: the variants' shapes differ (gated FFNs are narrower), and Dynamo's
-        # automatic dynamic shapes would otherwise recompile a later variant with symbolic sizes: slower kernels.
-        # It is called after the optimizer is built, as in train.py: building one imports Dynamo, eager or not, so
-        # the call's time is what compiling alone adds (importing Inductor, starting its CPU check)
-        t0 = time.perf_counter()
-        self.forward = compile_model(self.model, cfg["compile_mode"]) if compiled else self.model
-        self.compile_call_s = time.perf_counter() - t0
+        # automatic dynamic shapes would otherwise recompile a later variant with symbolic sizes: slower kernels
+        self.forward = hw.compile_model(self.model, cfg["compile_mode"]) if compiled else self.model
         self.ctx = (torch.autocast(device_type=device_type, dtype=torch.bfloat16) if dtype == "bfloat16"
                     else nullcontext())
         self.times = []
@@ -292,8 +255,7 @@ def run_mode(variants, compiled, cfg, device, dtype, log=print):
     for b in benches:
         q1, med, q3 = quartiles(b.times)
         report = b.model.param_report()
-        # model.estimate_mfu's own count: (6·N_active + 12·L·H·Q·T)·T FLOPs per sequence, so per token / T
-        flops_per_token = b.model.estimate_mfu(1, 1.0, 1.0) / cfg["block_size"]
+        flops_per_token = b.model.flops_per_token()  # the count model.estimate_mfu uses
         results.append(dict(
             variant=b.variant, moe=b.moe, kind=VARIANTS[b.variant].kind, compile=compiled,
             baseline=baseline_of(b.variant),
@@ -395,121 +357,6 @@ def benchmark(cfg, log=print):
 
 
 # -----------------------------------------------------------------------------
-# compile time: whole-model vs regional, cold vs warm cache, each measured in a fresh process
-
-
-def compile_probe(cfg, variant, mode):
-    """Run in a fresh process: compile `variant` in `mode`, time its first training step (compiles forward and
-    backward), the next `warmup` steps, and the first evaluation forward (compiles the no_grad eval graph)."""
-    _, _, device, dtype = resolve(cfg)
-    set_threads(cfg)
-    x, y = make_batch(cfg, device)
-    b = Bench(variant, True, {**cfg, "compile_mode": mode}, device, dtype)
-    first_step = timed_step(b, x, y)
-    step = statistics.median(timed_step(b, x, y) for _ in range(cfg["warmup"]))
-    b.model.eval()
-    sync(device)
-    t0 = time.perf_counter()
-    with torch.no_grad(), b.ctx:
-        b.forward(x, y)
-    sync(device)
-    first_eval = time.perf_counter() - t0
-    # compile seconds as the run sees them: what the first step and the first evaluation cost beyond a compiled step.
-    # The compile_model call before them (importing Inductor) is the same in every mode and cache state: kept apart
-    return dict(variant=variant, mode=mode, compile_call_s=b.compile_call_s, first_step_s=first_step, step_s=step,
-                first_eval_s=first_eval, wall_compile_s=first_step - step + first_eval, **compile_stats())
-
-
-PROBE = "import bench, json, sys; print(json.dumps(bench.compile_probe(json.loads(sys.argv[1]), *sys.argv[2:])))"
-# Inductor's set-up of a new cache directory (it builds and loads a test program per vector instruction set), done
-# by compiling a function that shares no kernel with a GPT
-SETUP = ("import time, torch; t0 = time.perf_counter(); "
-         "torch.compile(lambda x: torch.sin(x) + 1.0, dynamic=False)(torch.randn(3, device='{device}')); "
-         "print(time.perf_counter() - t0)")
-
-
-def in_fresh_process(code, args, cache_dir, what):
-    """Run `python -c code *args` with its compile caches in cache_dir; returns the last line it printed."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir}
-    p = subprocess.run([sys.executable, "-c", code, *args], cwd=os.path.dirname(os.path.abspath(__file__)), env=env,
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"{what} failed:\n{p.stderr[-3000:]}")
-    return p.stdout.strip().splitlines()[-1]
-
-
-def run_probe(cfg, variant, mode, cache_dir, cache):
-    """compile_probe in a fresh Python process whose compile caches live in cache_dir. A cold probe that found any
-    of its graphs cached would time a load, not a compile: that is an error, not a number."""
-    what = f"compile probe {variant} {mode} {cache}"
-    r = dict(json.loads(in_fresh_process(PROBE, [json.dumps(cfg), variant, mode], cache_dir, what)), cache=cache)
-    if cache == "cold" and r["fx_cache_hit"] + r["aot_cache_hit"] > 0:
-        raise RuntimeError(f"{what} found graphs in its cache, so it did not compile from scratch: {r}")
-    return r
-
-
-def compile_times(cfg, log=print):
-    """compile_probe for every variant x (whole, regional) x (cold, warm cache), `compile_rounds` times over;
-    returns the JSON-able report."""
-    variants, _, device, _ = resolve(cfg)
-    load_before, t0, results = os.getloadavg(), time.time(), []
-    with tempfile.TemporaryDirectory(prefix="nanoffn-compile-cache-") as tmp:
-        # the one-time set-up, done once and copied: every cold directory starts as a set-up, model-free one
-        setup_dir = os.path.join(tmp, "setup")
-        setup_s = float(in_fresh_process(SETUP.format(device=device), [], setup_dir,
-                                         "Inductor's set-up of a cache directory"))
-        log(f"Inductor's set-up of a new cache directory: {setup_s:.1f} s (not part of the compile times below)")
-        for round in range(cfg["compile_rounds"]):
-            for variant in variants:
-                for cache in ("cold", "warm"):  # warm: the directory the cold process of the same mode filled
-                    for mode in COMPILE_MODES:
-                        cache_dir = os.path.join(tmp, f"{variant}-{mode}-{round}")
-                        if cache == "cold":
-                            shutil.copytree(setup_dir, cache_dir)
-                        r = run_probe(cfg, variant, mode, cache_dir, cache) | dict(round=round)
-                        results.append(r)
-                        log(f"round {round + 1}/{cfg['compile_rounds']} {variant:13s} {mode:8s} {cache}: compile "
-                            f"{r['wall_compile_s']:.1f} s, step {r['step_s'] * 1e3:.0f} ms")
-    return dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                command="python bench.py " + " ".join(cfg.get("_argv", [])), machine=machine(device),
-                load_average=dict(start=load_before, end=os.getloadavg()), wall_s=time.time() - t0,
-                model={k: cfg[k] for k in MODEL_DEFAULTS}, setup_s=setup_s, results=results)
-
-
-def compile_table(results):
-    """One row per variant and mode: compile seconds cold and warm (medians over the rounds, with their range when
-    there are several), the ratios the two questions ask: regional / whole (cold) and warm / cold, and the seconds of
-    the compile_model call (importing Inductor: paid by every compiled process, whatever its mode and cache)."""
-    runs = {}
-    for r in results:
-        runs.setdefault((r["variant"], r["mode"], r["cache"]), []).append(r)
-    med = lambda key, field: statistics.median(r[field] for r in runs[key])
-
-    def seconds(key):
-        values = sorted(r["wall_compile_s"] for r in runs[key])
-        spread = f" ({values[0]:.1f}-{values[-1]:.1f})" if len(values) > 1 else ""
-        return f"{statistics.median(values):.1f}{spread}"
-
-    head = ["variant", "mode", "cold compile s", "warm compile s", "warm / cold", "regional / whole (cold)",
-            "import s", "step ms", "graphs", "warm FX hits", "warm AOT hits", "rounds"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for variant, mode, cache in runs:
-        if cache != "cold":
-            continue
-        cold, warm, whole = (variant, mode, "cold"), (variant, mode, "warm"), (variant, "whole", "cold")
-        hits = lambda kind: (f"{sum(r[kind + '_cache_hit'] for r in runs[warm])}/"
-                             f"{sum(r[kind + '_cache_hit'] + r[kind + '_cache_miss'] for r in runs[warm])}")
-        row = [variant, mode, seconds(cold), seconds(warm),
-               f"{med(warm, 'wall_compile_s') / med(cold, 'wall_compile_s'):.2f}",
-               f"{med(cold, 'wall_compile_s') / med(whole, 'wall_compile_s'):.2f}",
-               f"{statistics.median(r['compile_call_s'] for r in runs[cold] + runs[warm]):.1f}",
-               f"{med(cold, 'step_s') * 1e3:.1f}",
-               f"{runs[cold][0]['graphs']}", hits("fx"), hits("aot"), f"{len(runs[cold])}"]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
-
-
-# -----------------------------------------------------------------------------
 # the profile: what one variant's step spends its time on, next to its baseline's
 
 
@@ -553,13 +400,6 @@ def main(argv):
     if cfg["profile"]:
         profile(cfg)
         return
-    if cfg["compile_time"]:
-        report = compile_times(cfg, log=lambda s: print(s, file=sys.stderr))
-        print(f"Inductor's one-time set-up of a new cache directory took {report['setup_s']:.1f} s; it is not part of "
-              f"the cold compiles below (every cold process starts on a set-up directory without this model in it).\n")
-        print(compile_table(report["results"]))
-        write_report(cfg, report)
-        return
     report = benchmark(cfg, log=lambda s: print(s, file=sys.stderr))
     m = report["machine"]
     print(f"\n{m['device_name']} ({m['device']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads), "
@@ -573,9 +413,8 @@ def main(argv):
 def write_report(cfg, report):
     if cfg["json"]:
         os.makedirs(os.path.dirname(cfg["json"]) or ".", exist_ok=True)
-        with open(cfg["json"], "w") as f:
-            json.dump(report, f, indent=1)
-        print(f"\nwrote {cfg['json']}")
+        write_json(cfg["json"], report)
+        print(f"\nwrote {cfg['json']}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -9,19 +9,19 @@ Writes RUN/acts.png, one row per layer, and the numbers behind every panel in RU
   1. the learned function φ(h) over the range where the layer's pre-activations h fall (0.5th-99.5th percentile),
      a histogram of those h behind it and the function the run started from dashed; the median over tokens with a
      10-90% band where φ depends on the token (PolyNorm, MoA); both branches of a gated (GLU) variant;
-  2. the coefficients over training (LA/MoA α_k, PolyCom a_0..a_r, xIELU α_p, α_n), from the evaluation lines of
-     log.jsonl (absent from logs written before they were logged: the other panels need only the checkpoint);
+  2. what each part of the layer reported about itself over training (its `learned` record in log.jsonl: LA/MoA α_k,
+     PolyCom a_0..a_r, xIELU α_p, α_n, an MoE's expert load), one panel per part (act, act_up, moe);
   3. MoA: the distribution over tokens of each coefficient c_k(x), and the entropy of the normalised mixture
      |c_k| / Σ|c_k| per token: low and spread out when the mixture specialises per token, one value (LA) if not;
-  4. MoE: the expert load over training (max/mean, entropy) and how many validation tokens each expert receives.
+  4. MoE: how many validation tokens each expert receives.
 compare.py calls `compare` to draw one row per variant for a whole comparison.
 
 Definitions:
 - The fixed batch: the run's first validation batch, DataLoader(...).val_batches(1)[0] with the run's dataset,
   block_size, batch_size and data_dir: the tokens every evaluation of every run on the dataset starts with.
 - Pre-activations: each block's FFN input x (GPT.ffn_inputs), then h = W_up x (mlp), g = W_gate x and u = W_up x (glu).
-  In an MoE layer one row per (token, chosen expert) pair, h = x W_up[e]: exactly the rows the experts' activation
-  sees (PolyNorm normalises each such row), so the histogram and the bands are over pairs.
+  In an MoE layer one row per (token, chosen expert) pair (MoE.dispatch), h = x W_up[e]: exactly the rows the experts'
+  activation sees (PolyNorm normalises each such row), so the histogram and the bands are over pairs.
 - The learned function on a grid of h (the histogram's bin centres). Token-independent φ (fixed, LA, xIELU,
   PolyReLU): the module's own forward, φ(grid). PolyNorm / PolyReLUNorm (Zhuo et al. 2025) normalise per token
   over the hidden dimension, so token t has its own curve
@@ -43,10 +43,11 @@ import textwrap
 import numpy as np
 import torch
 
-from activations import MoA, Poly
-from common import load_checkpoint, model_state, read_log, resolve_device, write_json
-from configurator import UserError, parse_args, run_cli
-from model import GPT, GPTConfig, MoE, make_activations
+from activations import MoA, Poly, make_activations
+from configurator import UserError, model_config, parse_args, run_cli
+from device import resolve_device
+from model import GPT, MoE
+from rundir import check_writable, load_checkpoint, model_state, read_log, save_figure, write_json
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory: ckpt.pt, log.jsonl; acts.png and acts.json are written there
@@ -66,7 +67,7 @@ def load_run(out_dir, data_dir='', device='cpu'):
     """(checkpoint, trained GPT in eval mode, the fixed batch's token ids)."""
     from data.loader import DataLoader
     ckpt = load_checkpoint(out_dir, "point --out_dir at a train.py run directory.")
-    model = GPT(GPTConfig(**ckpt['model_args']))
+    model = GPT(model_config(ckpt['model_args']))
     model.load_state_dict(model_state(ckpt['model']))
     cfg = ckpt['config']
     loader = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],
@@ -81,9 +82,10 @@ def branch_rows(ffn, x):
     glu = ffn.act_up is not None
     if isinstance(ffn, MoE):
         _, _, experts, _ = ffn.route(x)
-        pairs = [(experts == e).any(-1).nonzero().squeeze(1) for e in range(ffn.n_expert)]  # tokens of expert e
-        project = lambda w: torch.cat([x[t] @ w[e] for e, t in enumerate(pairs)])
-        rows_x, usage = x[torch.cat(pairs)], [len(t) for t in pairs]
+        _, token, counts, _ = ffn.dispatch(experts)  # the pairs sorted by expert, as the MoE's forward runs them
+        groups = token.split(counts.tolist())
+        project = lambda w: torch.cat([x[t] @ w[e] for e, t in enumerate(groups)])
+        rows_x, usage = x[token], counts.tolist()
     else:
         project = lambda linear: linear(x)
         rows_x, usage = x, None
@@ -159,36 +161,21 @@ def gate_report(act, x):
 # over training, from the log
 
 
-def series_of(key, value, names):
-    """A logged learned quantity as (label, number) pairs. LA/MoA α come as {entry: value}, or as a list in logs
-    written before they were named (then labelled by the dictionary, when it matches); PolyCom as [a_0..a_r]."""
-    branch, name = ('up ', key[3:]) if key.startswith('up_') else ('', key)
-    if isinstance(value, dict):
-        return [(f'{branch}{name} {k}', v) for k, v in value.items()]
-    if isinstance(value, list):
-        labels = (names if len(names) == len(value) and name != 'poly' else
-                  [f'a{i}' if name == 'poly' else str(i) for i in range(len(value))])
-        return [(f'{branch}{name} {k}', v) for k, v in zip(labels, value)]
-    return [(f'{branch}{name}', value)]
-
-
-def history(log, model):
-    """Per layer, the learned coefficients and the MoE expert load at each evaluation that logged them (the `act`
-    record of log.jsonl lines). MoA's per-token gate statistics are left to the gate panel."""
-    evals = [r for r in log if r.get('act') and r['act'].get('layers')]
+def history(log, n_layer):
+    """Per layer and part (act, act_up, moe), every number the part reported at each evaluation that logged it (the
+    `act` record of log.jsonl lines), as {label: [value per evaluation]}."""
+    evals = [r for r in log if r.get('act')]
     out = {'iters': [r['iter'] for r in evals], 'layers': []}
-    for i, block in enumerate(model.transformer.h):
-        names = list(getattr(block.ffn.act, 'names', []))
-        coefs, moe = {}, {}
+    for i in range(n_layer):
+        parts = {}
         for j, r in enumerate(evals):
             layer = r['act']['layers'][i] if i < len(r['act']['layers']) else {}
-            for key, value in layer.items():
-                if key.endswith(('gate_mean', 'gate_std')):
-                    continue
-                target = moe if key.startswith('moe_') else coefs
-                for label, v in series_of(key, value, names):
-                    target.setdefault(label, [None] * len(evals))[j] = v
-        out['layers'].append({'coefs': coefs, 'moe': moe})
+            for part, quantities in layer.items():
+                for q, value in quantities.items():
+                    for name, v in (value.items() if isinstance(value, dict) else [('', value)]):
+                        series = parts.setdefault(part, {}).setdefault(f'{q} {name}'.strip(), [None] * len(evals))
+                        series[j] = v
+        out['layers'].append(parts)
     return out
 
 
@@ -220,7 +207,7 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu'):
     return {'run': out_dir, 'ffn': model.config.ffn, 'iter': ckpt['iter_num'], 'n_layer': model.config.n_layer,
             'batch': {'dataset': cfg['dataset'], 'batch_size': cfg['batch_size'], 'block_size': cfg['block_size'],
                       'tokens': idx.numel()},
-            'layers': layers, 'history': history(read_log(os.path.join(out_dir, 'log.jsonl')), model)}
+            'layers': layers, 'history': history(read_log(os.path.join(out_dir, 'log.jsonl')), model.config.n_layer)}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -251,15 +238,13 @@ def function_title(name, branch):
 
 
 def panels(report):
-    """The columns of a run's figure: the function panels, then whatever the run has to show."""
+    """The columns of a run's figure: the function panels, one panel over training per part that reported
+    something, then whatever else the run has to show."""
     layers, hist = report['layers'], report['history']['layers']
     cols = list(layers[0]['branches'])
-    if any(h['coefs'] for h in hist):
-        cols.append('coefs')
+    cols += [f'history {part}' for part in dict.fromkeys(p for h in hist for p in h)]
     if any(l['gates'] for l in layers):
         cols += ['gates', 'entropy']
-    if any(h['moe'] for h in hist):
-        cols.append('moe_load')
     if any('expert_tokens' in l for l in layers):
         cols.append('experts')
     return cols
@@ -289,8 +274,7 @@ def draw_gates(ax, gates, entropy):
 def draw_series(ax, series, iters):
     for j, (label, values) in enumerate(series.items()):
         pts = [(i, v) for i, v in zip(iters, values) if v is not None]
-        ax.plot(*zip(*pts), marker='.', label=label, color=f'C{j % 10}',
-                linestyle='--' if label.startswith('up ') else '-')
+        ax.plot(*zip(*pts), marker='.', label=label, color=f'C{j % 10}', linestyle='-' if j < 10 else '--')
     ax.set(xlabel='iteration')
     ax.legend(fontsize=6, ncol=2 if len(series) > 6 else 1)
     ax.grid(alpha=0.3)
@@ -304,10 +288,9 @@ def draw(path, report):
 
     cols = panels(report)
     n = report['n_layer']
-    fig, axes = plt.subplots(n, len(cols), figsize=(4.3 * len(cols), 3.0 * n + 0.6), squeeze=False,
+    fig, axes = plt.subplots(n, len(cols), figsize=(4.3 * len(cols), 3.0 * n + 0.6), squeeze=False, dpi=100,
                              layout='constrained')  # constrained: room for the titles and the suptitle
-    titles = {'coefs': 'coefficients over training', 'gates': 'MoA c_k(x) over tokens',
-              'entropy': 'MoA mixture entropy per token', 'moe_load': 'expert load over training',
+    titles = {'gates': 'MoA c_k(x) over tokens', 'entropy': 'MoA mixture entropy per token',
               'experts': 'validation tokens per expert'}
     for i, layer in enumerate(report['layers']):
         hist = report['history']['layers'][i]
@@ -318,9 +301,10 @@ def draw(path, report):
                 ax.set_title(f"layer {i}: {function_title(col, branch)}", fontsize=9)
                 ax.set_xlabel('h (pre-activation)')
                 continue
-            ax.set_title(f'layer {i}: {titles[col]}', fontsize=9)
-            if col in ('coefs', 'moe_load') and hist['coefs' if col == 'coefs' else 'moe']:
-                draw_series(ax, hist['coefs' if col == 'coefs' else 'moe'], report['history']['iters'])
+            ax.set_title(f'layer {i}: ' + (f'{col[8:]} over training' if col.startswith('history ') else titles[col]),
+                         fontsize=9)
+            if col.startswith('history ') and hist.get(col[8:]):
+                draw_series(ax, hist[col[8:]], report['history']['iters'])
             elif col in ('gates', 'entropy') and layer['gates']:
                 draw_gates(ax, layer['gates'], col == 'entropy')
             elif col == 'experts' and 'expert_tokens' in layer:
@@ -332,7 +316,7 @@ def draw(path, report):
                                f"init dashed, histogram of h on the first validation batch "
                                f"({report['batch']['tokens']:,} tokens) behind", int(4.3 * len(cols) * 14)),
                  fontsize=10)
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -375,7 +359,7 @@ def draw_comparison(path, reports):
 
     n_layer = max(r['n_layer'] for r in reports.values())
     width = max(4.5 * n_layer, 8)
-    fig, axes = plt.subplots(len(reports), n_layer, figsize=(width, 2.6 * len(reports) + 0.6), squeeze=False,
+    fig, axes = plt.subplots(len(reports), n_layer, figsize=(width, 2.6 * len(reports) + 0.6), squeeze=False, dpi=100,
                              sharex='col', layout='constrained')  # y not shared: PolyNorm's powers are normalised
     for row, (v, r) in zip(axes, reports.items()):
         for i, ax in enumerate(row):
@@ -398,12 +382,13 @@ def draw_comparison(path, reports):
                                f"where it depends on the token), init dashed, histogram of h on the first validation "
                                f"batch behind; the first seed of each variant; moved: distance from init over the "
                                f"histogram's mass", int(width * 14)), fontsize=10)
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
     plt.close(fig)
 
 
 def main(argv):
     cfg, _ = parse_args(DEFAULTS, argv, prog='inspect_run.py', doc=__doc__.split('\n\n')[1])
+    check_writable(cfg['out_dir'])  # acts.png and acts.json go there: say so before the work, not after
     report = inspect(cfg['out_dir'], cfg['data_dir'], cfg['bins'], resolve_device(cfg['device']))
     write(cfg['out_dir'], report)
     for i, layer in enumerate(report['layers']):

@@ -1,23 +1,23 @@
 """
-A scaling ladder: the same FFN variants x seeds at several model sizes, and what the trend with size says.
+A scaling ladder: the same comparison at several model sizes, and what the trend with size says.
 
-    sizes(text)              '2x64,3x96,4x128' -> n_layer x n_embd (x n_head, optional) per size
-    size_settings(...)       one size's settings: its shape, its token budget and schedule, its learning rate
+    size_settings(cfg)       --sizes '2x64,3x96,4x128' -> each size's settings: shape, token budget, learning rate
     summarize(...)           per variant and size: final loss over seeds, the paired gap to the baseline, N and FLOPs;
-                             per variant: the gap's trend with log N and the power-law fit L(N) = E + A·N^(−α)
-    write_markdown / plot    the ladder's summary.md and ladder.png
+                             per variant: the gap's trend with ln N and the power-law fit L(N) = E + A·N^(−α)
+    write_markdown(...)      the ladder's summary.md (plots.ladder draws ladder.png)
 
 compare.py runs each size as an ordinary comparison in <out_dir>/<n_layer>x<n_embd>/ (reused and resumed like any),
 so a ladder is extended by adding a size. N is the non-embedding parameter count (Kaplan et al. 2020); training FLOPs
-are the model's own per-token count x tokens (report.scale_counts).
+are the model's own per-token count x tokens (model.GPT.flops_per_token).
 """
 import math
-
-import numpy as np
+import os
+import sys
 
 import stats
-from report import time_verdict
-from configurator import UserError
+from configurator import UserError, split_list
+from report import fmt_count, meta_model, scale_counts, time_verdict
+from rundir import write_text
 
 BOOTSTRAP_MIN_SEEDS = 5  # fewer values have too few distinct resamples for a percentile interval
 HEAD_SIZE = 32  # the head size n_head is chosen for when a size does not name it (kept within 16-64 and even)
@@ -25,8 +25,7 @@ HEAD_SIZE = 32  # the head size n_head is chosen for when a size does not name i
 
 def pick_heads(n_embd):
     """The number of heads whose head size is even, within 16-64 and nearest HEAD_SIZE (RoPE rotates pairs)."""
-    fits = [h for h in range(1, n_embd + 1) if n_embd % h == 0 and (n_embd // h) % 2 == 0
-            and 16 <= n_embd // h <= 64]
+    fits = [h for h in range(1, n_embd + 1) if n_embd % h == 0 and (n_embd // h) % 2 == 0 and 16 <= n_embd // h <= 64]
     if not fits:
         raise UserError(f"no head size in 16-64 divides n_embd={n_embd} evenly; use a multiple of 16 or name the "
                         f"heads as LxDxH, e.g. 2x{n_embd}x1.")
@@ -36,7 +35,7 @@ def pick_heads(n_embd):
 def sizes(text):
     """Parse --sizes: comma-separated n_layer x n_embd, optionally x n_head. Returns dicts with name and shape."""
     out = []
-    for part in [p.strip() for p in text.split(',') if p.strip()]:
+    for part in split_list(text):
         try:
             dims = [int(x) for x in part.lower().split('x')]
         except ValueError:
@@ -55,69 +54,82 @@ def sizes(text):
     return out
 
 
-def size_settings(cfg, size, first, n_params):
-    """The settings of one size, on top of the comparison's. Token budget: --max_iters for every size (fixed), or
-    with --tokens_per_param=K, iterations = ceil(K·N / tokens per iteration) with N the baseline's non-embedding
-    parameters at this size (Hoffmann et al. 2022 find K ≈ 20 compute-optimal); warmup, decay and evaluation
+MAX_ITERS = 10**8  # a budget past this is a mistake (a typo in --tokens_per_param), not a plan
+
+
+def size_settings(cfg):
+    """Every size of --sizes with its settings, on top of the comparison's. Token budget: --max_iters at every size,
+    or with --tokens_per_param=K, iterations = ceil(K·N / tokens per iteration), N the baseline's non-embedding
+    parameters at that size (Hoffmann et al. 2022 find K ≈ 20 compute-optimal); warmup, decay and evaluation
     intervals then scale with the iterations, so every size has the same schedule shape and number of evaluations.
-    Learning rate: the same for every size (lr_rule=fixed), or lr·d₀/d with d the width and d₀ the first size's
+    Learning rate: the same at every size (lr_rule=fixed), or lr·d₀/d with d the width and d₀ the first size's
     (lr_rule=width: the 1/width rule of muP's hidden layers, Yang et al. 2022, applied to the one global rate)."""
-    s = dict(n_layer=size['n_layer'], n_embd=size['n_embd'], n_head=size['n_head'])
-    if cfg['tokens_per_param'] > 0:
-        # tokens per iteration, over all the run's processes (each DDP process trains on batches of its own)
-        per_iter = cfg['batch_size'] * cfg['block_size'] * cfg['gradient_accumulation_steps'] * cfg['nproc_per_run']
-        iters = max(1, math.ceil(cfg['tokens_per_param'] * n_params / per_iter))
-        f = iters / cfg['max_iters']
-        s.update(max_iters=iters, warmup_iters=round(cfg['warmup_iters'] * f),
-                 lr_decay_iters=round(cfg['lr_decay_iters'] * f), eval_interval=max(1, round(cfg['eval_interval'] * f)))
-    if cfg['lr_rule'] == 'width':
-        f = first['n_embd'] / size['n_embd']
-        s.update(learning_rate=cfg['learning_rate'] * f, min_lr=cfg['min_lr'] * f)
-    return s
-
-
-def check(cfg):
     if cfg['lr_rule'] not in ('fixed', 'width'):
         raise UserError(f"--lr_rule expects fixed or width, got '{cfg['lr_rule']}'.")
-    if cfg['tokens_per_param'] < 0:
-        raise UserError(f"--tokens_per_param must not be negative, got {cfg['tokens_per_param']}.")
+    if not 0 <= cfg['tokens_per_param'] < float('inf'):
+        raise UserError(f"--tokens_per_param must be a finite number >= 0, got {cfg['tokens_per_param']}.")
     if cfg['tokens_per_param'] > 0 and cfg['max_iters'] < 1:
         raise UserError("--tokens_per_param scales the schedule of --max_iters; give --max_iters of at least 1.")
+    out, all_sizes = [], sizes(cfg['sizes'])
+    baseline = cfg['baseline'] or split_list(cfg['variants'])[0]
+    for size in all_sizes:
+        s = dict(n_layer=size['n_layer'], n_embd=size['n_embd'], n_head=size['n_head'],
+                 out_dir=os.path.join(cfg['out_dir'], size['name']))
+        n_params = scale_counts(meta_model({**cfg, **s, 'ffn': baseline}, cfg['data_dir']))['non_embedding']
+        if cfg['tokens_per_param'] > 0:
+            # tokens per iteration, over all the run's processes (each DDP process trains on batches of its own)
+            per_iter = cfg['batch_size'] * cfg['block_size'] * cfg['gradient_accumulation_steps'] * cfg['nproc_per_run']
+            iters = max(1, math.ceil(cfg['tokens_per_param'] * n_params / per_iter))
+            if iters > MAX_ITERS:
+                raise UserError(f"--tokens_per_param={cfg['tokens_per_param']:g} asks for {iters:,} iterations at size "
+                                f"{size['name']}; give a budget of at most {MAX_ITERS:,} iterations.")
+            f = iters / cfg['max_iters']
+            s.update(max_iters=iters, warmup_iters=round(cfg['warmup_iters'] * f),
+                     lr_decay_iters=round(cfg['lr_decay_iters'] * f), eval_interval=max(1, round(cfg['eval_interval'] * f)))
+        if cfg['lr_rule'] == 'width':
+            f = all_sizes[0]['n_embd'] / size['n_embd']
+            s.update(learning_rate=cfg['learning_rate'] * f, min_lr=cfg['min_lr'] * f)
+        print(f"compare: size {size['name']} (n_head {size['n_head']}, N = {n_params:,} non-embedding parameters, "
+              f"{s.get('max_iters', cfg['max_iters'])} iterations, learning rate "
+              f"{s.get('learning_rate', cfg['learning_rate']):.3g})", file=sys.stderr)
+        out.append({**size, 'settings': s})
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # the ladder's summary
 
 
-def summarize(cfg, size_list, settings, summaries):
-    """summaries: one compare summary per size (report.summarize). Returns the ladder summary (JSON-able)."""
+def summarize(cfg, sizes, summaries):
+    """sizes: size_settings(cfg); summaries: one comparison summary per size (report.summarize). JSON-able."""
     first = summaries[0]
     variants, baseline = list(first['variants']), first['baseline']
     out = {'baseline': baseline, 'seeds': first['seeds'], 'dataset': first['dataset'],
-           'token_rule': f"tokens_per_param={cfg['tokens_per_param']}" if cfg['tokens_per_param'] > 0
+           'token_rule': f"tokens_per_param={cfg['tokens_per_param']:g}" if cfg['tokens_per_param'] > 0
            else f"fixed max_iters={cfg['max_iters']}",
            'lr_rule': cfg['lr_rule'], 'sizes': [], 'variants': {}}
-    for size, s, summ in zip(size_list, settings, summaries):
-        s0 = summ['variants'][baseline]
-        out['sizes'].append({**size, 'max_iters': s.get('max_iters', cfg['max_iters']), 'tokens': s0['tokens'],
-                             'learning_rate': s.get('learning_rate', cfg['learning_rate'])})
+    for size, summ in zip(sizes, summaries):
+        s = size['settings']
+        out['sizes'].append({k: size[k] for k in ('name', 'n_layer', 'n_embd', 'n_head')}
+                            | {'max_iters': s.get('max_iters', cfg['max_iters']),
+                               'tokens': summ['variants'][baseline]['tokens'],
+                               'learning_rate': s.get('learning_rate', cfg['learning_rate'])})
     for v in variants:
         points = []
-        for size, summ in zip(size_list, summaries):
+        for size, summ in zip(sizes, summaries):
             sv, sb = summ['variants'][v], summ['variants'][baseline]
-            seeds = [r['final_val_loss'] for r in sv['runs']]
+            gaps = seed_gaps(sv, sb)
             points.append({'size': size['name'], 'N': sv['scale']['non_embedding'],
                            'N_active': sv['scale']['non_embedding_active'],
                            'flops': sv['scale']['flops_per_token'] * sv['tokens'],
-                           'final_val_loss': sv['final_val_loss'], 'seed_losses': seeds,
-                           'gap': sv['diff_to_baseline'], 'seed_gaps': seed_gaps(sv, sb),
-                           'gap_bootstrap_ci': gap_bootstrap(seed_gaps(sv, sb)),
+                           'final_val_loss': sv['final_val_loss'], 'seed_losses': [r['final_val_loss'] for r in sv['runs']],
+                           'gap': sv['diff_to_baseline'], 'seed_gaps': gaps,
+                           'gap_bootstrap_ci': stats.bootstrap_ci(gaps) if len(gaps) >= BOOTSTRAP_MIN_SEEDS else None,
                            'matched': sv['matched']})
-        log_n = [math.log(p['N']) for p in points for _ in p['seed_gaps']]
-        gaps = [g for p in points for g in p['seed_gaps']]
         out['variants'][v] = {
             'points': points,
-            'trend': stats.gap_trend(log_n, gaps) if v != baseline else None,
+            'trend': stats.gap_trend([math.log(p['N']) for p in points for _ in p['seed_gaps']],
+                                     [g for p in points for g in p['seed_gaps']]) if v != baseline else None,
             'fit': stats.power_law_fit([p['N'] for p in points for _ in p['seed_losses']],
                                        [x for p in points for x in p['seed_losses']]),
         }
@@ -131,21 +143,10 @@ def seed_gaps(sv, sb):
             if r['final_val_loss'] is not None and base.get(r['seed']) is not None]
 
 
-def gap_bootstrap(gaps):
-    """Beside the t interval (which assumes normal seed noise), a percentile bootstrap CI of the mean gap, once there
-    are enough seeds for resampling to say something (BOOTSTRAP_MIN_SEEDS); else None."""
-    return stats.bootstrap_ci(gaps) if len(gaps) >= BOOTSTRAP_MIN_SEEDS else None
-
-
-def _count(n):
-    return f'{n / 1e6:.2f}M' if n >= 1e6 else f'{n / 1e3:.1f}k' if n >= 1e3 else str(n)
-
-
 def fmt_gap(g):
     if g is None:
         return '–'
-    text = f"{g['mean']:+.4f}"
-    return text + (f" [{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]" if g.get('ci') else ' (no CI)')
+    return f"{g['mean']:+.4f}" + (f" [{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]" if g.get('ci') else ' (no CI)')
 
 
 def fmt_fit(f):
@@ -155,29 +156,35 @@ def fmt_fit(f):
             f"α = {f['alpha']:.3f} ± {f['alpha_se']:.3f}")
 
 
+def fmt_matched(m):
+    if not m:
+        return '–'
+    reach = (f"not reached ({m['reached']} of {m['seeds']})" if m['seconds_ratio'] is None else
+             f"{m['seconds_ratio']:.2f}x s, {m['flops_ratio']:.2f}x FLOPs")
+    return f'{reach}; {time_verdict(m)}'
+
+
 def write_markdown(path, lad):
     base, sz = lad['baseline'], lad['sizes']
-    head = '| variant | ' + ' | '.join(f"{s['name']}" for s in sz) + ' |'
+    head = '| variant | ' + ' | '.join(s['name'] for s in sz) + ' |'
     rule = '|---|' + '---:|' * len(sz)
     lines = [f"# FFN scaling ladder on {lad['dataset']}", '',
              f"{len(lad['variants'])} variants x {len(lad['seeds'])} seed(s) x {len(sz)} sizes. Token budget: "
              f"{lad['token_rule']}; learning rate: {lad['lr_rule']}"
              + (" (lr·d₀/d, d the width, d₀ the first size's)" if lad['lr_rule'] == 'width' else ' (the same for every size)')
              + ". Each size is an ordinary comparison in its own directory (its summary.md has the full table).", '',
-             '| size | n_layer | n_embd | n_head | iterations | tokens | learning rate | N (non-embedding, ' + base + ') |',
+             f'| size | n_layer | n_embd | n_head | iterations | tokens | learning rate | N (non-embedding, {base}) |',
              '|---|---:|---:|---:|---:|---:|---:|---:|']
-    for i, s in enumerate(sz):
-        n = lad['variants'][base]['points'][i]['N']
-        lines.append(f"| {s['name']} | {s['n_layer']} | {s['n_embd']} | {s['n_head']} | {s['max_iters']} | "
-                     f"{s['tokens']:,} | {s['learning_rate']:.3g} | {_count(n)} |")
+    lines += [f"| {s['name']} | {s['n_layer']} | {s['n_embd']} | {s['n_head']} | {s['max_iters']} | {s['tokens']:,} | "
+              f"{s['learning_rate']:.3g} | {fmt_count(lad['variants'][base]['points'][i]['N'])} |" for i, s in enumerate(sz)]
     lines += ['', '## Final validation loss (mean ± std over seeds)', '', head, rule]
     for v, lv in lad['variants'].items():
-        cells = [('–' if p['final_val_loss'] is None else f"{p['final_val_loss']['mean']:.4f}" +
-                  (f" ± {p['final_val_loss']['std']:.4f}" if p['final_val_loss']['std'] is not None else ''))
+        cells = ['–' if p['final_val_loss'] is None else f"{p['final_val_loss']['mean']:.4f}" +
+                 (f" ± {p['final_val_loss']['std']:.4f}" if p['final_val_loss']['std'] is not None else '')
                  for p in lv['points']]
         last = lv['points'][-1]
-        active = f", {_count(last['N_active'])} active" if last['N_active'] != last['N'] else ''  # an MoE
-        lines.append(f"| {v} (N {_count(last['N'])}{active} at {sz[-1]['name']}) | " + ' | '.join(cells) + ' |')
+        active = f", {fmt_count(last['N_active'])} active" if last['N_active'] != last['N'] else ''  # an MoE
+        lines.append(f"| {v} (N {fmt_count(last['N'])}{active} at {sz[-1]['name']}) | " + ' | '.join(cells) + ' |')
     lines += ['', f'## Gap to {base} and its trend with size', '',
               f"Gap Δ = L_variant − L_{base}, paired over seeds: mean [95% t interval]. Trend: the least-squares slope of "
               f"Δ against ln N over every seed's gap, with its 95% CI; 'grows' (Δ rises with N: the variant loses ground "
@@ -185,80 +192,19 @@ def write_markdown(path, lad):
               f"{BOOTSTRAP_MIN_SEEDS} or more seeds summary.json adds a percentile bootstrap CI of each gap.", '',
               head + ' trend: slope per ln N [95% CI] |', rule + ':---|']
     for v, lv in lad['variants'].items():
-        if v == base:
-            continue
-        t = lv['trend']
-        trend = '– (needs 2 sizes, 3 gaps)' if t is None else (
-            f"**{t['verdict']}**: {t['slope_per_ln_n']:+.4f} [{t['ci'][0]:+.4f}, {t['ci'][1]:+.4f}]")
-        lines.append(f"| {v} | " + ' | '.join(fmt_gap(p['gap']) for p in lv['points']) + f' | {trend} |')
-    lines += ['', '## Power law L(N) = E + A·N^(−α) per variant', '',
-              'Least-squares fit (scipy.optimize.curve_fit) to every seed\'s final loss, ± one standard error; only with '
-              'at least 4 sizes (3 parameters).', '']
-    lines += [f"- {v}: {fmt_fit(lv['fit'])}" for v, lv in lad['variants'].items()]
-    lines += ['', f'## Compute- and time-matched, per size', '',
-              f"Seconds (and tokens, FLOPs) to reach {base}'s final loss as a multiple of {base}'s, and which way the "
-              f"time-matched comparison goes (see each size's summary.md).", '', head, rule]
-    for v, lv in lad['variants'].items():
-        if v == base:
-            continue
-        cells = [fmt_matched(p['matched']) for p in lv['points']]
-        lines.append(f'| {v} | ' + ' | '.join(cells) + ' |')
-    lines += ['', '![ladder](ladder.png)', '']
-    with open(path, 'w') as f:
-        f.write('\n'.join(lines))
-
-
-def fmt_matched(m):
-    if not m:
-        return '–'
-    if m['seconds_ratio'] is None:
-        reach = f"not reached ({m['reached']} of {m['seeds']})"
-    else:
-        reach = f"{m['seconds_ratio']:.2f}x s, {m['flops_ratio']:.2f}x FLOPs"
-    return f'{reach}; {time_verdict(m)}'
-
-
-def plot(path, lad):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FormatStrFormatter, NullFormatter
-
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
-    colors = plt.get_cmap('tab10').colors
-    for i, (v, lv) in enumerate(lad['variants'].items()):
-        c, pts = colors[i % len(colors)], [p for p in lv['points'] if p['final_val_loss']]
-        if not pts:
-            continue
-        y = np.array([p['final_val_loss']['mean'] for p in pts])
-        err = np.array([p['final_val_loss']['std'] or 0.0 for p in pts])
-        for ax, key in ((axes[0], 'N'), (axes[1], 'flops')):
-            ax.errorbar([p[key] for p in pts], y, yerr=err, color=c, marker='o', capsize=3, label=v)
-        gaps = [(p['N'], p['gap']) for p in pts if p['gap']]
-        if gaps:
-            x = np.array([n for n, _ in gaps]) * (1 + 0.02 * i)  # nudged apart so error bars do not overlap
-            mean = np.array([g['mean'] for _, g in gaps])
-            lo = np.array([g['mean'] - g['ci'][0] if g.get('ci') else 0.0 for _, g in gaps])
-            hi = np.array([g['ci'][1] - g['mean'] if g.get('ci') else 0.0 for _, g in gaps])
+        if v != base:
             t = lv['trend']
-            axes[2].errorbar(x, mean, yerr=[lo, hi], color=c, marker='o', capsize=3,
-                             label=v + (f" ({t['verdict']})" if t else ''))
-    axes[2].axhline(0.0, color='k', linewidth=0.8)
-    axes[0].set(xscale='log', yscale='log', xlabel='non-embedding parameters N', ylabel='final validation loss',
-                title='loss vs N (mean ± std over seeds)')
-    axes[1].set(xscale='log', yscale='log', xlabel='training FLOPs (model count x tokens)',
-                ylabel='final validation loss', title='loss vs training compute')
-    axes[2].set(xscale='log', xlabel='non-embedding parameters N', ylabel=f"Δ = L − L_{lad['baseline']}",
-                title=f"gap to {lad['baseline']} (paired over seeds, 95% t interval)")
-    for ax in axes[:2]:  # losses span a narrow range: plain decimals on the log axis, not powers of ten
-        ax.yaxis.set_major_formatter(FormatStrFormatter('%.2f'))
-        ax.yaxis.set_minor_formatter(FormatStrFormatter('%.2f'))
-    for ax in axes:
-        ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: minor labels on a log axis overlap
-        ax.grid(alpha=0.3, which='both')
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{lad['dataset']}: {len(lad['variants'])} FFN variants x {len(lad['seeds'])} seed(s) x "
-                 f"{len(lad['sizes'])} sizes ({lad['token_rule']}, lr {lad['lr_rule']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+            trend = '– (needs 2 sizes, 3 gaps)' if t is None else (
+                f"**{t['verdict']}**: {t['slope_per_ln_n']:+.4f} [{t['ci'][0]:+.4f}, {t['ci'][1]:+.4f}]")
+            lines.append(f"| {v} | " + ' | '.join(fmt_gap(p['gap']) for p in lv['points']) + f' | {trend} |')
+    lines += ['', '## Power law L(N) = E + A·N^(−α) per variant', '',
+              "Least-squares fit (scipy.optimize.curve_fit) to every seed's final loss, ± one standard error; only with "
+              "at least 4 sizes (3 parameters).", '']
+    lines += [f"- {v}: {fmt_fit(lv['fit'])}" for v, lv in lad['variants'].items()]
+    lines += ['', '## Compute- and time-matched, per size', '',
+              f"Seconds (and FLOPs) to reach {base}'s final loss as a multiple of {base}'s, and which way the "
+              f"time-matched comparison goes (see each size's summary.md).", '', head, rule]
+    lines += [f'| {v} | ' + ' | '.join(fmt_matched(p['matched']) for p in lv['points']) + ' |'
+              for v, lv in lad['variants'].items() if v != base]
+    lines += ['', '![ladder](ladder.png)', '']
+    write_text(path, '\n'.join(lines))

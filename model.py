@@ -1,10 +1,11 @@
 """
 The GPT of nanoFFN: nanoGPT's model with a swappable feed-forward layer (any variant of activations.VARIANTS) and an
 optional toy Mixture-of-Experts of those FFNs. Read top to bottom:
-    GPTConfig -> norms, RoPE, attention -> FFN -> MoE -> Block -> GPT (init, forward, reports, optimizer, generate).
-References: nanoGPT (github.com/karpathy/nanoGPT) for everything not about the FFN; the FFN variants' papers are
-named in activations.py; the MoE follows the dropless top-k design of OLMoE (Muennighoff et al. 2024) and
-MegaBlocks (Gale et al. 2022), with Switch Transformer's load-balance loss and ST-MoE's z-loss.
+    norms, RoPE, attention -> FFN -> MoE -> Block -> GPT (init, forward, reports, optimizer, generate).
+Its settings are configurator.GPTConfig. References: nanoGPT (github.com/karpathy/nanoGPT) for everything not about
+the FFN; the FFN variants' papers are named in activations.py; the MoE follows the dropless top-k design of OLMoE
+(Muennighoff et al. 2024) and MegaBlocks (Gale et al. 2022), with Switch Transformer's load-balance loss and ST-MoE's
+z-loss.
 
 Every module here can be built and used on its own (FFN(config), MoE(config), Block(config, use_moe)): its weights
 start at PyTorch's default Linear init (uniform in ±1/√fan_in) and its activation's extras at the activation's own
@@ -12,74 +13,13 @@ init. GPT then re-initialises every weight as GPT-2 does: N(0, 0.02), residual o
 N(0, 0.02/√(2·n_layer)), MoA gate logits zero.
 """
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from activations import VARIANTS, check_variant, glu
-
-
-@dataclass
-class GPTConfig:
-    block_size: int = 256
-    vocab_size: int = 50257  # the real vocabulary; embeddings are padded to a multiple of 64 for fast matmuls
-    n_layer: int = 6
-    n_head: int = 6
-    n_embd: int = 384
-    dropout: float = 0.0
-    bias: bool = False
-    norm: str = "rmsnorm"  # rmsnorm | layernorm
-    pos: str = "rope"  # rope | learned
-    # feed-forward
-    ffn: str = "gelu"  # a name of activations.VARIANTS
-    ffn_mult: float = 4.0  # non-gated hidden width m = ffn_mult·d; gated variants use ≈ 2/3 of it (same weights)
-    poly_order: int = 3  # r of PolyReLU / PolyNorm (2–4)
-    act_dict: str = "identity,relu,relu2,gelu,silu,tanh"  # LA / MoA dictionary
-    la_init: str = "onehot"  # onehot (= the kind's baseline: gelu | silu/identity) | mean | sum | onehot:NAME ('A/B': gate/up)
-    moa_gate: str = "sigmoid"  # sigmoid | softmax | tanh
-    # toy mixture of experts (n_expert = 0: dense)
-    n_expert: int = 0
-    top_k: int = 2
-    moe_every: int = 1  # MoE in blocks 0, moe_every, 2·moe_every, …
-    expert_hidden: int = 0  # 0: the dense width / top_k, so active FFN weights match the dense model
-    aux_loss_weight: float = 0.01
-    z_loss_weight: float = 0.001
-
-    def __post_init__(self):
-        check_variant(self.ffn)
-        if self.norm not in ("rmsnorm", "layernorm") or self.pos not in ("rope", "learned"):
-            raise ValueError("norm must be rmsnorm or layernorm, pos must be rope or learned")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        if self.pos == "rope" and (self.n_embd // self.n_head) % 2:  # RoPE rotates channel pairs (i, i + head/2)
-            raise ValueError(f"RoPE needs an even head size, but n_embd/n_head = {self.n_embd}/{self.n_head} = "
-                             f"{self.n_embd // self.n_head}; change n_embd or n_head, or use pos=learned")
-        if not (self.ffn_mult > 0 and math.isfinite(self.ffn_mult)) or int(self.ffn_mult * self.n_embd) < 1:
-            raise ValueError(f"ffn_mult={self.ffn_mult} must be positive and give an FFN at least 1 unit wide "
-                             f"(width ffn_mult * n_embd)")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
-        if self.n_expert < 0 or self.moe_every < 1 or self.expert_hidden < 0:
-            raise ValueError("n_expert and expert_hidden must be >= 0 and moe_every >= 1")
-        if self.n_expert and not 1 <= self.top_k <= self.n_expert:
-            raise ValueError(f"top_k={self.top_k} must be between 1 and n_expert={self.n_expert}")
-
-    @property
-    def padded_vocab_size(self):
-        return (self.vocab_size + 63) // 64 * 64
-
-    @property
-    def ffn_hidden(self):
-        """m for the dense FFN: ffn_mult·d, or round(2/3·ffn_mult·d) for gated variants (3·d·m ≈ 2·d·ffn_mult·d)."""
-        m = int(self.ffn_mult * self.n_embd)
-        return round(2 * m / 3) if VARIANTS[self.ffn].gated else m
-
-    @property
-    def moe_hidden(self):
-        """Expert width: expert_hidden, or the dense width / top_k rounded to a multiple of 8 (grouped_mm alignment)."""
-        return self.expert_hidden or max(8, round(self.ffn_hidden / self.top_k / 8) * 8)
+from activations import glu, make_activations
+from expert_mm import expert_matmul
 
 
 def make_norm(config):
@@ -130,18 +70,10 @@ class CausalSelfAttention(nn.Module):
 # Feed-forward
 
 
-def make_activations(config):
-    """The layer's activation(s): (gate-branch act, up-branch act or None). One set per layer, shared by experts."""
-    variant = VARIANTS[config.ffn]
-    return variant.act(config, 0), (variant.act_up(config, 1) if variant.gated else None)
-
-
 def learned_by(act, act_up, x):
-    """What the layer's activation(s) learned, on the FFN inputs x; the up branch's keys start with 'up_'."""
-    out = dict(act.learned(x))
-    if act_up is not None:
-        out.update({"up_" + k: v for k, v in act_up.learned(x).items()})
-    return out
+    """What a layer's activation(s) learned on its FFN inputs x: {'act': ..., 'act_up': ...}, empty parts left out."""
+    parts = {"act": act.learned(x), "act_up": act_up.learned(x) if act_up is not None else {}}
+    return {name: part for name, part in parts.items() if part}
 
 
 class FFN(nn.Module):
@@ -154,7 +86,7 @@ class FFN(nn.Module):
     def __init__(self, config):
         super().__init__()
         m, d = config.ffn_hidden, config.n_embd
-        self.act, self.act_up = make_activations(config)
+        self.act, self.act_up = make_activations(config)  # one set per layer (an MoE's experts share it)
         self.w_gate = nn.Linear(d, m, bias=config.bias) if self.act_up is not None else None
         self.w_up = nn.Linear(d, m, bias=config.bias)
         self.w_down = nn.Linear(m, d, bias=config.bias)
@@ -175,73 +107,6 @@ class FFN(nn.Module):
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Toy Mixture of Experts
-
-
-def _grouped_mm_ok(a, w):
-    # grouped_mm wants fp32/bf16 (bf16 only on CUDA) and 16-byte aligned rows
-    if not hasattr(F, "grouped_mm") or a.dtype != w.dtype:
-        return False
-    if a.dtype not in ((torch.bfloat16,) if a.is_cuda else (torch.float32, torch.bfloat16)):
-        return False
-    return all(s * a.element_size() % 16 == 0 for s in (a.shape[-1], w.shape[-1]))
-
-
-def _group_sizes(offs):
-    return torch.diff(offs, prepend=offs.new_zeros(1)).tolist()
-
-
-# The expert matmul is a custom op so that torch.compile sees one opaque node with a known output shape: Inductor's
-# fake-tensor rule for grouped_mm accepts only bf16, and the per-expert loop needs the group sizes on the host (a
-# graph break). Inside the op both are plain eager code.
-@torch.library.custom_op("nanoffn::expert_mm", mutates_args=())
-def expert_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, grouped: bool) -> torch.Tensor:
-    """Rows of `a` sorted by expert (group e = rows offs[e-1]:offs[e]) times that expert's w[e] (E, in, out)."""
-    if grouped and _grouped_mm_ok(a, w):
-        return F.grouped_mm(a, w, offs=offs)
-    return torch.cat([ae @ we for ae, we in zip(a.split(_group_sizes(offs)), w.unbind(0))])  # fallback loop
-
-
-@torch.library.custom_op("nanoffn::expert_mm_weight_grad", mutates_args=())
-def expert_mm_weight_grad(a: torch.Tensor, grad: torch.Tensor, offs: torch.Tensor, grouped: bool) -> torch.Tensor:
-    """∂L/∂w[e] = a_eᵀ · grad_e for every expert e: (E, in, out)."""
-    if grouped and _grouped_mm_ok(a, grad):
-        return F.grouped_mm(a.t(), grad, offs=offs)
-    sizes = _group_sizes(offs)
-    return torch.stack([ae.t() @ ge for ae, ge in zip(a.split(sizes), grad.split(sizes))])
-
-
-@expert_mm.register_fake
-def _(a, w, offs, grouped):
-    return a.new_empty(a.shape[0], w.shape[-1])
-
-
-@expert_mm_weight_grad.register_fake
-def _(a, grad, offs, grouped):
-    return a.new_empty(offs.shape[0], a.shape[-1], grad.shape[-1])
-
-
-def _expert_mm_setup(ctx, inputs, output):
-    a, w, offs, grouped = inputs
-    ctx.save_for_backward(a, w, offs)
-    ctx.grouped = grouped
-
-
-def _expert_mm_backward(ctx, grad):
-    a, w, offs = ctx.saved_tensors
-    grad = grad.contiguous()
-    grad_a = expert_mm(grad, w.transpose(1, 2).contiguous(), offs, ctx.grouped)
-    return grad_a, expert_mm_weight_grad(a, grad, offs, ctx.grouped), None, None
-
-
-expert_mm.register_autograd(_expert_mm_backward, setup_context=_expert_mm_setup)
-
-
-def expert_matmul(a, w, offs, grouped=True):
-    """expert_mm under autocast: both operands in the autocast dtype (custom ops are not autocast by torch)."""
-    if torch.is_autocast_enabled(a.device.type):
-        dt = torch.get_autocast_dtype(a.device.type)
-        a, w = a.to(dt), w.to(dt)
-    return expert_mm(a, w, offs, grouped)
 
 
 class MoE(nn.Module):
@@ -273,7 +138,7 @@ class MoE(nn.Module):
         self.w_up = expert(d, m)
         self.w_down = expert(m, d)
         self.dropout = nn.Dropout(config.dropout)
-        self.use_grouped_mm = True
+        self.use_grouped_mm = True  # False: the per-expert loop (tests compare the two)
 
     def route(self, x):
         """x (T, d) -> router probabilities (T, E) fp32, top-k weights and expert ids (T, k), router logits."""
@@ -285,16 +150,20 @@ class MoE(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True)
         return probs, weights, experts, z
 
+    def dispatch(self, experts):
+        """The T·k (token, expert) pairs sorted by expert: each expert's rows become one contiguous group. Returns the
+        pairs' order (pair j = token j // k, its expert experts.flat[j]), their token ids, the tokens per expert
+        and the groups' end offsets."""
+        flat = experts.reshape(-1)
+        order = flat.argsort(stable=True)
+        counts = flat.new_zeros(self.n_expert).scatter_add_(0, flat, torch.ones_like(flat))  # static shape, unlike bincount
+        return order, order // self.top_k, counts, counts.cumsum(0).to(torch.int32)
+
     def forward(self, x):
         B, T, d = x.shape
         x = x.reshape(-1, d)
         probs, weights, experts, z = self.route(x)
-        # sort the T·k (token, expert) pairs by expert: each expert's rows become one contiguous group
-        flat = experts.reshape(-1)  # pair j = (token j // k, expert flat[j])
-        order = flat.argsort(stable=True)
-        token = order // self.top_k
-        counts = flat.new_zeros(self.n_expert).scatter_add_(0, flat, torch.ones_like(flat))  # static shape, unlike bincount
-        offs = counts.cumsum(0).to(torch.int32)
+        order, token, counts, offs = self.dispatch(experts)
         xs = x[token]
         mm = lambda a, w: expert_matmul(a, w, offs, self.use_grouped_mm)
         # MoA's gates: computed once per token, then gathered for each (token, expert) pair
@@ -307,20 +176,19 @@ class MoE(nn.Module):
         y = mm(h, self.w_down) * weights.reshape(-1)[order, None].to(h.dtype)
         out = torch.zeros_like(x, dtype=y.dtype).index_add_(0, token, y)
 
-        n_tok = x.shape[0]
-        load_balance = (self.aux_loss_weight * self.n_expert / (self.top_k * n_tok)
+        load_balance = (self.aux_loss_weight * self.n_expert / (self.top_k * x.shape[0])
                         * (counts.float() * probs.mean(0)).sum())
         z_loss = self.z_loss_weight * torch.logsumexp(z, dim=-1).square().mean()
         return self.dropout(out.view(B, T, d).to(x.dtype)), torch.stack([load_balance, z_loss])
 
     def learned(self, x):
-        """The activation's report, plus the expert load over the tokens of x: max/mean and entropy (nats)."""
+        """The activation's report, and 'moe': the expert load over the tokens of x, max/mean and entropy (nats)."""
         _, _, experts, _ = self.route(x.reshape(-1, x.shape[-1]))
-        load = torch.zeros(self.n_expert, device=x.device).index_add_(
-            0, experts.reshape(-1), torch.ones(experts.numel(), device=x.device))
-        frac = load / load.sum()
-        return {**learned_by(self.act, self.act_up, x), "moe_load_max_over_mean": (load.max() / load.mean()).item(),
-                "moe_load_entropy": -(frac * frac.clamp_min(1e-12).log()).sum().item()}
+        _, _, counts, _ = self.dispatch(experts)
+        frac = counts.float() / counts.sum()
+        return {**learned_by(self.act, self.act_up, x),
+                "moe": {"load_max_over_mean": (frac.max() * self.n_expert).item(),
+                        "load_entropy": -(frac * frac.clamp_min(1e-12).log()).sum().item()}}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -365,14 +233,10 @@ class GPT(nn.Module):
         self.loss_parts = {}
 
     def _init_weights(self, module):
-        if isinstance(module, nn.Linear):
+        if isinstance(module, nn.Linear) and not getattr(module, "zero_init", False):  # MoA's gates stay at zero
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if module.bias is not None:
                 torch.nn.init.zeros_(module.bias)
-            if getattr(module, "zero_init", False):
-                # MoA's gate logits start at zero (so MoA starts as LA). Drawn above all the same, so that the random
-                # stream initialising the other weights is the one every earlier checkpoint was made with.
-                torch.nn.init.zeros_(module.weight)
         elif isinstance(module, nn.Embedding):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
         elif isinstance(module, MoE):
@@ -411,7 +275,7 @@ class GPT(nn.Module):
         inactive = 0
         for name, p in self.named_parameters():  # tied lm_head/wte appears once
             n = p.numel()
-            if name.startswith("transformer.wte") or name.startswith("transformer.wpe"):
+            if name.startswith(("transformer.wte", "transformer.wpe")):
                 r["embedding"] += n
             elif ".attn." in name:
                 r["attention"] += n
@@ -429,37 +293,35 @@ class GPT(nn.Module):
         r["active"] = r["total"] - inactive
         return r
 
-    def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops):
-        """Model FLOPs utilisation against `peak_flops` (e.g. 989e12 for H100/H200 bf16 dense, 312e12 for A100),
-        PaLM appendix B: 6N + 12·L·H·Q·T FLOPs per token, N the *active* parameters (MoE: top_k of n_expert)."""
+    def flops_per_token(self):
+        """Training FLOPs per token, PaLM appendix B: 6N + 12·L·H·Q·T, N the *active* parameters (MoE: top_k of
+        n_expert) less the position embedding (the tied token embedding stays: it is the output head's matmul)."""
         cfg = self.config
-        N = self.param_report()["active"] - (self.transformer.wpe.weight.numel() if self.transformer.wpe is not None else 0)
-        L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
-        flops_per_iter = (6 * N + 12 * L * H * Q * T) * T * fwdbwd_per_iter
-        return flops_per_iter / dt / peak_flops
+        wpe = self.transformer.wpe.weight.numel() if self.transformer.wpe is not None else 0
+        return 6 * (self.param_report()["active"] - wpe) + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+
+    def estimate_mfu(self, tokens_per_iter, dt, peak_flops):
+        """Model FLOPs utilisation against `peak_flops` (e.g. 989e12 for H100/H200 bf16 dense, 312e12 for A100)."""
+        return self.flops_per_token() * tokens_per_iter / dt / peak_flops
 
     @torch.no_grad()
     def learned(self, idx):
-        """What every layer's FFN learned, from one eager no-grad pass over idx in eval mode: each activation reports
-        itself on that layer's FFN inputs (PolyCom coefficients [a_0..a_r], LA/MoA α, MoA's gate mean and
-        cross-token std, xIELU's α_p, α_n; see `learned` in activations.py), and an MoE adds its expert load.
-        Returns {'layers': [dict per layer]}, JSON-able; a fixed activation's layers are empty dicts."""
+        """What every layer's FFN learned, from one no-grad pass over idx in eval mode: per layer {'act': ..., 'act_up':
+        ..., 'moe': ...}, each part the activation's own report (activations.py, "What an activation learned") or an
+        MoE's expert load, empty parts left out. JSON-able; a fixed activation's layers are empty dicts."""
         return {"layers": [block.ffn.learned(x) for block, x in zip(self.transformer.h, self.ffn_inputs(idx))]}
 
     @torch.no_grad()
     def ffn_inputs(self, idx):
-        """Every block's FFN input x (after the block's norm), (B, T, d) per layer, from one eager no-grad pass over
-        idx in eval mode: forward pre-hooks on block.ffn catch them without touching the forward code. Blocks compiled
-        in place (regional compilation) run eagerly here: the hooks and eval mode would otherwise send Dynamo into
-        compiling a graph that training never uses."""
+        """Every block's FFN input x (after the block's norm), (B, T, d) per layer, from one no-grad pass over idx in
+        eval mode: forward pre-hooks on block.ffn catch them without touching the forward code."""
         ffn_inputs = []
         hooks = [block.ffn.register_forward_pre_hook(lambda module, args: ffn_inputs.append(args[0]))
                  for block in self.transformer.h]
         was_training = self.training
         self.eval()
         try:
-            with torch.compiler.set_stance("force_eager"):
-                self(idx)
+            self(idx)
         finally:
             self.train(was_training)
             for hook in hooks:
@@ -474,9 +336,8 @@ class GPT(nn.Module):
         α towards 0 would switch the activation off rather than regularise it."""
         decay, no_decay = [], []
         for name, p in self.named_parameters():
-            if not p.requires_grad:
-                continue
-            (decay if p.dim() >= 2 and ".ffn.act" not in name else no_decay).append(p)
+            if p.requires_grad:
+                (decay if p.dim() >= 2 and ".ffn.act" not in name else no_decay).append(p)
         groups = [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 

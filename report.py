@@ -1,44 +1,33 @@
 """
-The report of a comparison: everything compare.py writes after the runs, computed from the runs' own log.jsonl files
-(and the model's shape), so the same runs always give the same summary.
-
-    summarize(...)        per-run metrics from the logs, per-variant statistics over seeds, the paired differences
-    write_markdown(...)   summary.md: settings, the table, seed noise, what the learnable activations learned
-    plot(...)             loss.png: validation loss against tokens and against training time, smoothed training loss
+The report of one comparison, computed from its runs' log.jsonl files (and the models' shapes) alone, so the same runs
+always give the same summary: per-run metrics, statistics over seeds, the paired and the compute- and time-matched
+verdicts against the baseline, what the learnable activations learned, summary.md and the printed table.
 """
 import math
 import os
 import statistics
 
 import stats
-import train
-from common import checkpoint_field, read_log, read_json
+from configurator import DEFAULTS, model_config
+from rundir import checkpoint_field, read_json, read_log, write_text
+from runs import RECORD, identifies
 
 # the settings that shape a comparison, shown in its summary whether chosen or left at train.py's defaults
 SHOWN_KEYS = ('dataset', 'n_layer', 'n_head', 'n_embd', 'block_size', 'batch_size', 'gradient_accumulation_steps',
               'max_iters', 'learning_rate', 'schedule', 'warmup_iters', 'min_lr', 'eval_interval', 'eval_iters',
-              'n_expert', 'top_k', 'device', 'dtype', 'compile')
-# set per run by compare.py
-PER_RUN_KEYS = ('out_dir', 'ffn', 'seed', 'init_from', 'overwrite', 'wandb_run_name', 'wandb_tags')
-
-
-def fmt_value(value):
-    """A value as train.py's --key=value parser reads it back."""
-    if value is None:
-        return 'auto'
-    return value if isinstance(value, str) else repr(value)
+              'n_expert', 'top_k', 'device', 'dtype')
+PER_RUN_KEYS = ('ffn', 'seed')  # set per run by compare.py
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# summarising: everything from the runs' log.jsonl (and the model's shape), so the same runs give the same summary
+# from the logs
 
 
-def run_metrics(log):
-    """Per-run numbers recomputed from its log records."""
+def run_metrics(log, loss_of=lambda r: r['val_loss']):
+    """Per-run numbers from its log records. loss_of: the validation loss an evaluation line is scored by."""
     evals = [r for r in log if 'val_loss' in r]
     trains = [r for r in log if 'loss' in r]
-    # training time: each train line's ms is the mean step time since the previous line (evaluation and compiling
-    # excluded)
+    # training time: each train line's ms is the mean step time since the previous line (evaluation excluded)
     t, prev_iter, times = 0.0, 0, {}
     for r in log:
         if 'ms' in r:
@@ -49,26 +38,17 @@ def run_metrics(log):
     tok_s = [r['tok_s'] for r in trains if r.get('tok_s')]
     last = log[-1] if log else {}
     return {
-        'iters': last.get('iter', 0),
-        'tokens': last.get('tokens', 0),
-        'final_val_loss': evals[-1]['val_loss'] if evals else None,
+        'iters': last.get('iter', 0), 'tokens': last.get('tokens', 0),
+        'final_val_loss': loss_of(evals[-1]) if evals else None,
         'final_train_loss': trains[-1]['loss'] if trains else None,
         'train_time_s': t,
-        'compile_s': next((r['compile_s'] for r in reversed(log) if 'compile_s' in r), None),  # compiled runs only
         'tok_s': statistics.median(tok_s) if tok_s else None,  # steady state: the median over log lines
         'batch_hash': last.get('batch_hash'),
-        'val_hash': next((r['val_hash'] for r in reversed(log) if 'val_hash' in r), None),
+        'val_hash': next((r['val_hash'] for r in reversed(evals) if 'val_hash' in r), None),
         'act': acts[-1] if acts else None,
-        'curve': {
-            'val': [[r['iter'], r['tokens'], times[r['iter']], r['val_loss']] for r in evals],
-            'train': [[r['iter'], r['tokens'], r['loss']] for r in trains],
-        },
+        'curve': {'val': [[r['iter'], r['tokens'], times[r['iter']], loss_of(r)] for r in evals],
+                  'train': [[r['iter'], r['tokens'], r['loss']] for r in trains]},
     }
-
-
-def mean_or_none(values):
-    values = [v for v in values if v is not None]
-    return statistics.fmean(values) if values else None
 
 
 def mean_std(values):
@@ -79,41 +59,32 @@ def mean_std(values):
             'min': min(values), 'max': max(values), 'n': len(values)}
 
 
-def meta_model(run_dir, args, data_dir, dataset):
-    """The run's model, built on the meta device (no memory, no init time): its model_args from the checkpoint (read
-    lazily), else rebuilt from the run's settings (run_dir None: a run not started yet)."""
+def meta_model(settings, data_dir):
+    """A run's model built on the meta device (no memory, no init time), from its settings; vocab_size 0 is the
+    dataset's (its meta.json)."""
     import torch
-    from model import GPT, GPTConfig
-    model_args = checkpoint_field(run_dir, 'model_args') if run_dir else None
-    if model_args is None:
-        model_args = {k: args[k] for k in train.MODEL_KEYS}
-        if not model_args['vocab_size']:
-            meta = read_json(os.path.join(data_dir, dataset, 'meta.json')) or {}
-            model_args['vocab_size'] = meta.get('vocab_size', 0)
+    from model import GPT
+    settings = dict(settings)
+    if not settings['vocab_size']:
+        settings['vocab_size'] = (read_json(os.path.join(data_dir, settings['dataset'], 'meta.json')) or {}).get(
+            'vocab_size', 0)
     with torch.device('meta'):
-        return GPT(GPTConfig(**model_args))
+        return GPT(model_config(settings))
 
 
 def scale_counts(model):
-    """The sizes a scaling ladder is drawn against. N = non-embedding parameters: all of them less the token embedding
-    (tied with the output head) and any position embedding (Kaplan et al. 2020); an MoE's total N and its active N
-    (top_k of n_expert experts per token). flops_per_token: the model's own count, the one model.estimate_mfu uses
-    (PaLM, Chowdhery et al. 2022, appendix B): 6·N' + 12·L·H·Q·T for a forward and backward pass, N' the active
-    parameters less the position embedding (the tied token embedding stays: it is the output head's matmul)."""
-    p, c = model.param_report(), model.config
-    wpe = model.transformer.wpe.weight.numel() if model.transformer.wpe is not None else 0
-    attention = 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * c.block_size
+    """The sizes a ladder is drawn against: N = non-embedding parameters (all of them less the tied token embedding
+    and any position embedding, Kaplan et al. 2020), an MoE's total and active N, and the model's own training FLOPs
+    per token (GPT.flops_per_token)."""
+    p = model.param_report()
     return {'non_embedding': p['total'] - p['embedding'], 'non_embedding_active': p['active'] - p['embedding'],
-            'flops_per_token': 6 * (p['active'] - wpe) + attention}
+            'flops_per_token': model.flops_per_token()}
 
 
 def mean_over_seeds(values):
-    """The mean of one learned quantity over seeds: numbers plainly, lists elementwise, dicts per key."""
-    first = values[0]
-    if isinstance(first, dict):
-        return {k: mean_over_seeds([v[k] for v in values]) for k in first if all(k in v for v in values)}
-    if isinstance(first, list):
-        return [statistics.fmean(col) for col in zip(*values)]
+    """The mean of one learned quantity over seeds: numbers plainly, dicts per key."""
+    if isinstance(values[0], dict):
+        return {k: mean_over_seeds([v[k] for v in values]) for k in values[0] if all(k in v for v in values)}
     return statistics.fmean(values)
 
 
@@ -125,76 +96,75 @@ def learned_mean(acts):
     return {'layers': [mean_over_seeds(list(per_seed)) for per_seed in zip(*[a['layers'] for a in acts])]}
 
 
-def summarize(cfg, variants, seeds, baseline, runs, statuses):
+def how_compiled(runs):
+    """'on', 'off' or 'mixed': whether the runs were compiled, as their checkpoints say (their times depend on it)."""
+    compiled = {checkpoint_field(r['dir'], 'compiled') for r in runs}
+    return 'on' if compiled == {True} else 'off' if compiled == {False} else 'mixed'
+
+
+def summarize(cfg, variants, seeds, baseline, runs, statuses, loss_of=lambda r: r['val_loss']):
+    """The comparison's summary (JSON-able) and the per-run metrics by variant (for the pictures)."""
     by_variant = {}
     for run in runs:
-        log = read_log(os.path.join(run['dir'], 'log.jsonl'))
-        m = run_metrics(log)
-        m.update(seed=run['seed'], dir=run['dir'], status=statuses[(run['variant'], run['seed'])])
+        m = run_metrics(read_log(os.path.join(run['dir'], 'log.jsonl')), loss_of)
+        m.update(seed=run['seed'], dir=run['dir'], status=statuses[run['dir']])
         if m['status'] != 'done':
             m['final_val_loss'] = None  # a stopped run has no final evaluation to compare
         by_variant.setdefault(run['variant'], []).append(m)
-    full = {**train.DEFAULTS, **cfg}
-    out = {'baseline': baseline, 'seeds': seeds, 'dataset': cfg['dataset'], 'settings': {}, 'variants': {}}
-    # the settings that shape the comparison, whether chosen or left at train.py's defaults, then every other choice
-    shown = {k: fmt_value(full[k]) for k in SHOWN_KEYS}
-    # what the runs did (compiled runs log compile_s), which reused runs may not share with this command's setting
-    compiled = [m['compile_s'] is not None for ms in by_variant.values() for m in ms]
-    shown['compile'] = ('on' if all(compiled) else 'off' if not any(compiled) else
-                        f"mixed ({sum(compiled)} of {len(compiled)} runs compiled, so their times do not compare)")
-    if full['compile'] is None:
-        shown['compile'] += ' (auto)'
-    out['settings'] = {**shown, **{k: v for k, v in runs[0]['args'].items() if k not in PER_RUN_KEYS and k not in shown}}
+    shown = {k: cfg[k] for k in SHOWN_KEYS}
+    chosen = {k: cfg[k] for k in DEFAULTS if identifies(k) and cfg[k] != DEFAULTS[k] and k not in shown
+              and k not in PER_RUN_KEYS}
+    at_once = {(read_json(os.path.join(r['dir'], RECORD)) or {}).get('at_once') for r in runs}
+    out = {'baseline': baseline, 'seeds': seeds, 'dataset': cfg['dataset'], 'compiled': how_compiled(runs),
+           'at_once': at_once.pop() if len(at_once) == 1 else 'mixed', 'settings': {**shown, **chosen}, 'variants': {}}
     base_vals = {m['seed']: m['final_val_loss'] for m in by_variant[baseline]}
     for v in variants:
         ms = by_variant[v]
         run0 = next(r for r in runs if r['variant'] == v)
-        model = meta_model(run0['dir'], {**full, 'ffn': v}, cfg['data_dir'], cfg['dataset'])
+        model = meta_model(run0['settings'], cfg['data_dir'])
         diffs = [m['final_val_loss'] - base_vals[m['seed']] for m in ms
                  if m['final_val_loss'] is not None and base_vals.get(m['seed']) is not None]
+        done = [m for m in ms if m['status'] == 'done']
         out['variants'][v] = {
-            'params': model.param_report(),
-            'scale': scale_counts(model),
-            'status': 'done' if all(m['status'] == 'done' for m in ms) else 'stopped',
+            'params': model.param_report(), 'scale': scale_counts(model),
+            'status': 'done' if len(done) == len(ms) else 'stopped',
             'final_val_loss': mean_std([m['final_val_loss'] for m in ms]),
             'diff_to_baseline': stats.paired(diffs) if v != baseline else None,
             'tok_s': statistics.fmean(m['tok_s'] for m in ms if m['tok_s']) if any(m['tok_s'] for m in ms) else None,
             # over the finished runs (a stopped run's partial time is not a run's time), or all where none finished
-            'train_time_s': statistics.fmean(m['train_time_s']
-                                             for m in ([m for m in ms if m['status'] == 'done'] or ms)),
-            'compile_s': mean_or_none([m['compile_s'] for m in ms]),
+            'train_time_s': statistics.fmean(m['train_time_s'] for m in (done or ms)),
             'tokens': max(m['tokens'] for m in ms),
             'learned': learned_mean([m['act'] for m in ms]),
             'runs': [{k: m[k] for k in ('seed', 'dir', 'status', 'iters', 'tokens', 'final_val_loss', 'final_train_loss',
-                                        'train_time_s', 'compile_s', 'tok_s', 'batch_hash', 'val_hash', 'act')}
-                     for m in ms],
+                                        'train_time_s', 'tok_s', 'batch_hash', 'val_hash', 'act')} for m in ms],
         }
-    # seed noise: the std over seeds of the final validation loss, pooled over variants (root mean variance), and
-    # of the paired differences to the baseline (smaller: a seed fixes the batches every variant sees)
+    add_checks(out, by_variant, variants, seeds, baseline)
+    return out, by_variant
+
+
+def add_checks(out, by_variant, variants, seeds, baseline):
+    """Seed noise (pooled over variants), whether the logs show the same batches per seed and the same validation
+    windows, and the matched verdicts."""
     var = [s['final_val_loss']['std'] ** 2 for s in out['variants'].values()
            if s['final_val_loss'] and s['final_val_loss']['std'] is not None]
     dvar = [s['diff_to_baseline']['std'] ** 2 for s in out['variants'].values()
             if s['diff_to_baseline'] and s['diff_to_baseline']['std'] is not None]
     out['seed_std'] = math.sqrt(statistics.fmean(var)) if var else None
     out['paired_diff_std'] = math.sqrt(statistics.fmean(dvar)) if dvar else None
-    # same batches per seed and the same validation windows: the logs say so (or say otherwise, and we show it)
-    for s in seeds:
-        hashes = {m['batch_hash'] for v in variants for m in by_variant[v] if m['seed'] == s and m['status'] == 'done'}
-        out.setdefault('same_batches', {})[str(s)] = len(hashes) <= 1
+    out['same_batches'] = {str(s): len({m['batch_hash'] for v in variants for m in by_variant[v]
+                                        if m['seed'] == s and m['status'] == 'done'}) <= 1 for s in seeds}
     val_hashes = {m['val_hash'] for v in variants for m in by_variant[v]}
     out['same_val_windows'] = (len(val_hashes) == 1) if None not in val_hashes else None
     for v in variants:
         out['variants'][v]['matched'] = matched(by_variant[v], by_variant[baseline], out['variants'][v]['scale'],
                                                 out['variants'][baseline]['scale']) if v != baseline else None
-    return out, by_variant
 
 
 def matched(runs, base_runs, scale, base_scale):
     """Compute- and time-matched verdicts of a variant against the baseline, seed by seed (same batches): the tokens,
     FLOPs and seconds of training the variant needs to reach the baseline's final validation loss (linearly
     interpolated on its evaluation curve; None = not reached), as ratios to what the baseline itself needed to first
-    reach that loss (its whole run when its curve only falls; earlier if it dipped below its final loss and came
-    back, so that a variant equal to the baseline scores 1), and the loss the variant had reached when the
+    reach that loss (so that a variant equal to the baseline scores 1), and the loss the variant had reached when the
     baseline's training time ran out (the paired difference to the baseline's final loss). A variant that is slower
     per step must win by more than it costs to win on time."""
     base = {m['seed']: m for m in base_runs if m['status'] == 'done' and m['curve']['val']}
@@ -227,15 +197,11 @@ def matched(runs, base_runs, scale, base_scale):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# the report: summary.md and the printed table
+# summary.md and the printed table
 
 
-def measured_together(at_once):
-    """What the times and tok/s were measured beside: at_once is how many runs trained side by side (from the runs'
-    compare.json), 'mixed' where runs differ or some do not say, None where none says."""
-    if at_once == 'mixed':
-        return ", measured with different (or unrecorded) numbers of runs at a time"
-    return f", measured with {at_once} runs at a time" if isinstance(at_once, int) and at_once > 1 else ''
+def fmt_count(n):
+    return f'{n / 1e6:.2f}M' if n >= 1e6 else f'{n / 1e3:.1f}k' if n >= 1e3 else str(n)
 
 
 def fmt_loss(x, digits=4, signed=False):
@@ -244,35 +210,33 @@ def fmt_loss(x, digits=4, signed=False):
     return f'{x:+.{digits}f}' if signed else f'{x:.{digits}f}'
 
 
-def _count(n):
-    return f'{n / 1e6:.2f}M' if n >= 1e6 else f'{n / 1e3:.1f}k' if n >= 1e3 else str(n)
+def fmt_mean_std(d, signed=False):
+    return '–' if d is None else fmt_loss(d['mean'], signed=signed) + (f" ± {d['std']:.4f}" if d['std'] is not None else '')
 
 
-def any_compiled(summary):
-    """Whether any variant's runs were compiled (they log their compile seconds)."""
-    return any(s.get('compile_s') is not None for s in summary['variants'].values())
+def times_note(summary):
+    """What the times and tok/s are: eager or compiled, and how many runs trained side by side."""
+    kind = {'on': 'compiled', 'off': 'eager', 'mixed': 'some runs compiled and some eager, so they do not compare'}
+    at_once = summary['at_once']
+    beside = (f", {at_once} runs at a time" if isinstance(at_once, int) and at_once > 1 else
+              ", with different (or unrecorded) numbers of runs at a time" if at_once == 'mixed' else '')
+    return f"{kind[summary['compiled']]} times{beside}"
 
 
 def table(summary):
     base = summary['baseline']
-    compiled = any_compiled(summary)
-    rows = ['| variant | params | FFN | extras | final val loss (mean ± std) | Δ vs ' + base +
-            ' (± std) | resolved? | tok/s | train time |' + (' compile |' if compiled else ''),
-            '|---|---:|---:|---:|---:|---:|:---:|---:|---:|' + ('---:|' if compiled else '')]
+    rows = [f'| variant | params | FFN | extras per model | final val loss (mean ± std) | Δ vs {base} (± std) | '
+            f'resolved? | tok/s | train time |', '|---|---:|---:|---:|---:|---:|:---:|---:|---:|']
     for v, s in summary['variants'].items():
-        p, fv, d = s['params'], s['final_val_loss'], s['diff_to_baseline']
-        val = '–' if fv is None else f"{fv['mean']:.4f}" + (f" ± {fv['std']:.4f}" if fv['std'] is not None else '')
-        if s['status'] != 'done':
-            val += ' (stopped)'
-        diff = 'baseline' if v == base else '–' if d is None else (
-            f"{d['mean']:+.4f}" + (f" ± {d['std']:.4f}" if d['std'] is not None else ''))
-        res = '' if d is None else ('no (1 seed)' if d['t'] is None and d['n'] < 2 else
-                                    f"{'yes' if d['resolved'] else 'no'}" + (f" (t={d['t']:.1f})" if d['t'] is not None else ''))
-        total = _count(p['total']) + (f" ({_count(p['active'])} active)" if p.get('active', p['total']) != p['total'] else '')
-        rows.append(f"| {v} | {total} | {_count(p['ffn'])} | {p['extras']:,} | {val} | {diff} | {res} | "
-                    f"{'–' if s['tok_s'] is None else format(s['tok_s'], ',.0f')} | {s['train_time_s']:.1f} s |"
-                    + (f" {'–' if s.get('compile_s') is None else format(s['compile_s'], '.1f') + ' s'} |"
-                       if compiled else ''))
+        p, d = s['params'], s['diff_to_baseline']
+        val = fmt_mean_std(s['final_val_loss']) + ('' if s['status'] == 'done' else ' (stopped)')
+        diff = 'baseline' if v == base else fmt_mean_std(d, signed=True)
+        res = '' if d is None else 'no (1 seed)' if d['n'] < 2 else (
+            f"{'yes' if d['resolved'] else 'no'}" + (f" (t={d['t']:.1f})" if d['t'] is not None else ''))
+        total = fmt_count(p['total']) + (f" ({fmt_count(p['active'])} active)" if p['active'] != p['total'] else '')
+        tok_s = '–' if s['tok_s'] is None else format(s['tok_s'], ',.0f')
+        rows.append(f"| {v} | {total} | {fmt_count(p['ffn'])} | {p['extras']:,} | {val} | {diff} | {res} | {tok_s} | "
+                    f"{s['train_time_s']:.1f} s |")
     return '\n'.join(rows)
 
 
@@ -290,18 +254,11 @@ def time_verdict(m):
 
 
 def matched_section(summary):
-    """summary.md's compute- and time-matched verdicts: a table, one row per variant but the baseline."""
     base = summary['baseline']
     ratio = lambda x: '–' if x is None else f'{x:.2f}x'
-    rows = []
-    for v, s in summary['variants'].items():
-        m = s.get('matched')
-        if v == base or not m:
-            continue
-        d = m['loss_at_base_time']
-        at = '–' if not d else fmt_loss(d['mean'], signed=True) + (f" ± {d['std']:.4f}" if d['std'] is not None else '')
-        rows.append(f"| {v} | {m['reached']} of {m['seeds']} | {ratio(m['tokens_ratio'])} | {ratio(m['flops_ratio'])} "
-                    f"| {ratio(m['seconds_ratio'])} | {at} | {time_verdict(m)} |")
+    rows = [f"| {v} | {m['reached']} of {m['seeds']} | {ratio(m['tokens_ratio'])} | {ratio(m['flops_ratio'])} | "
+            f"{ratio(m['seconds_ratio'])} | {fmt_mean_std(m['loss_at_base_time'], signed=True)} | {time_verdict(m)} |"
+            for v, s in summary['variants'].items() if v != base and (m := s.get('matched'))]
     if not rows:
         return []
     return ['## Compute- and time-matched', '',
@@ -310,29 +267,21 @@ def matched_section(summary):
             f"get there as a multiple of what {base} needed to first get there itself (mean over seeds, only when every "
             f"seed reached it; FLOPs from each model's own per-token count); at {base}'s time: the variant's loss when "
             f"{base}'s training time ran out, minus {base}'s final loss (mean ± std over seeds; a variant that ends "
-            f"sooner keeps its final loss), and which way that goes (paired t-test at 95%).", '',
+            f"sooner keeps its final loss), and which way that goes (paired t-test at 95%). Seconds are "
+            f"{times_note(summary)}.", '',
             f'| variant | reached | tokens | FLOPs | seconds | loss at {base}\'s time − {base} | on time |',
             '|---|:---:|---:|---:|---:|---:|:---:|'] + rows + ['']
 
 
-# how the keys of an activation's learned() report read in summary.md; any other key is shown by its own name
-LEARNED_LABELS = {'poly': 'PolyCom [a0..ar]', 'alpha': 'α', 'gate_mean': 'c(x) mean over tokens',
-                  'gate_std': 'c(x) std over tokens', 'alpha_p': 'α_p', 'alpha_n': 'α_n',
-                  'moe_load_max_over_mean': 'expert load max/mean', 'moe_load_entropy': 'expert load entropy (nats)'}
-
-
 def fmt_learned(value):
-    """One learned quantity: a number, a list of numbers, or named numbers (an LA/MoA dictionary's entries)."""
+    """One learned quantity: a number, or named numbers (e.g. an LA/MoA dictionary's entries)."""
     if isinstance(value, dict):
         return ', '.join(f'{k} {v:.3f}' for k, v in value.items())
-    if isinstance(value, list):
-        return ', '.join(f'{v:.3f}' for v in value)
     return f'{value:.3f}'
 
 
 def learned_section(summary):
-    """Per variant and layer, every quantity the activation reported about itself (activations.py's `learned`),
-    the up branch of a gated variant on a line of its own."""
+    """Per variant and layer, every quantity each part of the layer reported about itself (model.GPT.learned)."""
     lines = []
     for v, s in summary['variants'].items():
         if not s['learned']:
@@ -340,23 +289,12 @@ def learned_section(summary):
         n = len([r for r in s['runs'] if r['act']])
         lines += [f"**{v}** (mean over {n} seed{'s' if n > 1 else ''}):", '']
         for i, layer in enumerate(s['learned']['layers']):
-            parts = {'': [], 'up_': []}
-            for key, value in layer.items():
-                prefix = 'up_' if key.startswith('up_') else ''
-                name = key[len(prefix):]
-                parts[prefix].append(f'{LEARNED_LABELS.get(name, name)} = {fmt_learned(value)}')
-            if parts['up_']:
-                lines += [f'- layer {i}:', f"  - gate branch: {'; '.join(parts[''])}",
-                          f"  - up branch: {'; '.join(parts['up_'])}"]
-            elif parts['']:
-                lines.append(f"- layer {i}: {'; '.join(parts[''])}")
+            parts = [f"{part}: " + '; '.join(f'{q} = {fmt_learned(x)}' for q, x in quantities.items())
+                     for part, quantities in layer.items()]
+            if parts:
+                lines.append(f"- layer {i}: " + ' | '.join(parts))
         lines.append('')
     return lines
-
-
-def fmt_moved(branch):
-    rel = f" ({branch['moved'] / branch['init_rms']:.0%})" if branch['init_rms'] > 0 else ''
-    return f"{branch['moved']:.3f}{rel}"
 
 
 def acts_section(summary):
@@ -366,16 +304,13 @@ def acts_section(summary):
         return []
     rows = []
     for v, a in acts.items():
-        cells = []
-        for i, layer in enumerate(a['layers']):
-            moved = {name: b for name, b in layer.items() if b['learnable']}
-            names = {'act': 'gate ' if 'act_up' in layer else '', 'act_up': 'up '}
-            if moved:
-                cells.append(f'layer {i} ' + ', '.join(names[n] + fmt_moved(b) for n, b in moved.items()))
+        cells = [f'layer {i} ' + ', '.join(f"{name} {b['moved']:.3f}" + (f" ({b['moved'] / b['init_rms']:.0%})"
+                                                                         if b['init_rms'] > 0 else '')
+                                           for name, b in layer.items() if b['learnable'])
+                 for i, layer in enumerate(a['layers']) if any(b['learnable'] for b in layer.values())]
         if cells:
             rows.append(f"- **{v}**: " + '; '.join(cells))
-    lines = ['## What the activation functions became', '',
-             "![learned activation functions](acts.png)", '',
+    lines = ['## What the activation functions became', '', "![learned activation functions](acts.png)", '',
              "acts.png: per variant (its first seed), per layer, the learned function φ(h) (solid; the median and the "
              "10-90% band over tokens where φ depends on the token: PolyNorm, MoA) against the function it started "
              "from (dashed), over the histogram of the layer's pre-activations h on the first validation batch "
@@ -388,119 +323,36 @@ def acts_section(summary):
     return lines
 
 
-def write_markdown(path, summary, cfg):
-    s0 = next(iter(summary['variants'].values()))
-    tokens = s0['tokens']
-    n = len(summary['seeds'])
+def write_markdown(path, summary):
+    tokens = next(iter(summary['variants'].values()))['tokens']
+    same = all(summary['same_batches'].values()) and summary['same_val_windows']
     lines = [f"# FFN comparison on {summary['dataset']}", '',
-             f"{len(summary['variants'])} variants x {n} seed(s) ({', '.join(map(str, summary['seeds']))}), "
-             f"{tokens:,} training tokens per run." + (" Checked from the logs: every variant saw the same training "
-             "batches per seed (batch_hash) and all runs the same validation windows (val_hash)."
-             if all(summary['same_batches'].values()) and summary['same_val_windows'] else ''),
-             '', 'Settings: ' + ', '.join(f'{k}={v}' for k, v in summary['settings'].items()), '',
-             table(summary), '']
-    notes = [f"Final val loss: the last evaluation, mean ± std over seeds. Δ: the per-seed paired difference to "
-             f"{summary['baseline']} (same seed, so same batches), mean ± its std over seeds; resolved: a paired t-test at "
-             f"95% (scipy.stats, Student's t with n-1 degrees of freedom). tok/s: median over log "
-             f"lines; train time: optimizer steps only (evaluation and compilation excluded)"
-             + measured_together(cfg.get('at_once'))
-             + ("; compile: seconds each run spent compiling its graphs or loading them from the compile cache, mean "
-                "over seeds" if any_compiled(summary) else '')
-             + ". params: total (tied embedding counted once); FFN: W_up/W_gate/W_down (all experts); extras: learned "
-             "activation coefficients and MoA gates."]
-    if summary['seed_std'] is not None:
-        notes.append(f"Seed noise: std over seeds of the final val loss {summary['seed_std']:.4f} (pooled over "
-                     f"variants); std of the paired differences {fmt_loss(summary['paired_diff_std'])} (pooled).")
-    else:
-        notes.append("One seed: no estimate of seed noise (use --seeds=3).")
-    checks = []
+             f"{len(summary['variants'])} variants x {len(summary['seeds'])} seed(s) "
+             f"({', '.join(map(str, summary['seeds']))}), {tokens:,} training tokens per run."
+             + (" Checked from the logs: every variant saw the same training batches per seed (batch_hash) and all "
+                "runs the same validation windows (val_hash)." if same else ''), '',
+             'Settings: ' + ', '.join(f'{k}={v}' for k, v in summary['settings'].items()), '', table(summary), '',
+             f"Final val loss: the last evaluation, mean ± std over seeds. Δ: the per-seed paired difference to "
+             f"{summary['baseline']} (same seed, so same batches), mean ± its std over seeds; resolved: a paired t-test "
+             f"at 95% (Student's t with n-1 degrees of freedom). tok/s: median over log lines; train time: optimizer "
+             f"steps only (evaluation excluded); {times_note(summary)}. params: total (tied embedding counted once); "
+             f"FFN: W_up/W_gate/W_down (all experts); extras per model: learned activation coefficients and MoA gates "
+             f"of all layers.",
+             f"Seed noise: std over seeds of the final val loss {summary['seed_std']:.4f} (pooled over variants); std of "
+             f"the paired differences {fmt_loss(summary['paired_diff_std'])} (pooled)." if summary['seed_std'] is not None
+             else "One seed: no estimate of seed noise (use --seeds=3).", '']
     if not all(summary['same_batches'].values()):
-        checks.append('WARNING: runs of the same seed saw different training batches (batch_hash differs).')
+        lines += ['WARNING: runs of the same seed saw different training batches (batch_hash differs).', '']
     if summary['same_val_windows'] is False:
-        checks.append('WARNING: runs were evaluated on different validation windows (val_hash differs).')
-    stopped = [(v, r) for v, s in summary['variants'].items() for r in s['runs'] if r['status'] != 'done']
-    for v, r in stopped:
-        checks.append(f"{v} seed {r['seed']} stopped at iteration {r['iters']} (see {r['dir']}/train.out).")
-    lines += notes + [''] + checks + ([''] if checks else [])
+        lines += ['WARNING: runs were evaluated on different validation windows (val_hash differs).', '']
+    lines += [f"{v} seed {r['seed']} stopped at iteration {r['iters']} (see {r['dir']}/train.out).\n"
+              for v, s in summary['variants'].items() for r in s['runs'] if r['status'] != 'done']
     lines += matched_section(summary)
     learned = learned_section(summary)
     if learned:
         lines += ['## What the learnable activations learned', '',
-                  'From the last evaluation of each run, averaged over seeds. PolyCom coefficients in the order '
-                  '[a0, a1, ..., ar] (a_i multiplies the i-th power); LA/MoA α per dictionary entry; MoA coefficient '
-                  'c_k(x) = α_k·gate_k(x): its mean and its std across the tokens of the first validation batch (how '
-                  'token-adaptive the mixture became); MoE: expert load (max/mean, entropy) on that batch.', ''] + learned
-    lines += ['![loss curves](loss.png)', '']
-    lines += acts_section(summary)
-    with open(path, 'w') as f:
-        f.write('\n'.join(lines))
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# the plot
-
-
-def ema(values, beta):
-    out, avg = [], 0.0
-    for i, v in enumerate(values):
-        avg = beta * avg + (1 - beta) * v
-        out.append(avg / (1 - beta ** (i + 1)))  # bias-corrected, so the first points are not pulled to 0
-    return out
-
-
-def padded(rows):
-    """Curves of different lengths (a stopped run is shorter) as one array, NaN past each curve's end."""
-    import numpy as np
-    out = np.full((len(rows), max(len(r) for r in rows)), np.nan)
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = r
-    return out
-
-
-def plot(path, summary, by_variant, cfg):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
-    colors = plt.get_cmap('tab10' if len(by_variant) <= 10 else 'tab20').colors
-    for i, (v, ms) in enumerate(by_variant.items()):
-        c = colors[i % len(colors)]
-        done = [m for m in ms if m['curve']['val']]
-        if not done:
-            continue
-        # evaluations at the same iterations for every seed; a stopped run contributes the points it has, so each
-        # point is the mean (and band) over the seeds that reached it
-        val = padded([[p[3] for p in m['curve']['val']] for m in done])
-        tok = np.array(max((m['curve']['val'] for m in done), key=len))[:, 1]
-        secs = np.nanmean(padded([[p[2] for p in m['curve']['val']] for m in done]), 0)
-        keep = tok > 0  # the untrained model's loss (ln vocab) would squash the interesting part...
-        if keep.sum() < 2:  # ...unless it is needed to draw a line at all
-            keep[:] = True
-        label = f'{v} ({len(done)} seed{"s" if len(done) > 1 else ""})'
-        for ax, x in ((axes[0], tok), (axes[1], secs)):
-            ax.plot(x[keep], np.nanmean(val, 0)[keep], color=c, marker='.', label=label)
-            if len(done) > 1:
-                ax.fill_between(x[keep], np.nanmin(val, 0)[keep], np.nanmax(val, 0)[keep], color=c, alpha=0.2,
-                                linewidth=0)
-        trains = [m['curve']['train'] for m in ms if m['curve']['train']]
-        if trains:
-            loss = padded([ema([p[2] for p in t], cfg['smooth']) for t in trains])
-            x = np.array(max(trains, key=len))[:, 1]
-            axes[2].plot(x, np.nanmean(loss, 0), color=c, label=v)
-            if len(trains) > 1:
-                axes[2].fill_between(x, np.nanmin(loss, 0), np.nanmax(loss, 0), color=c, alpha=0.2, linewidth=0)
-    axes[0].set(xlabel='training tokens', ylabel='validation loss', title='validation loss (mean, band: min–max over seeds)')
-    axes[1].set(xlabel='training time (s, evaluation and compilation excluded)', ylabel='validation loss',
-                title='validation loss against time')
-    axes[2].set(xlabel='training tokens', ylabel='training loss (EMA)', title=f"training loss (EMA {cfg['smooth']})")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{summary['dataset']}: {len(summary['variants'])} FFN variants x {len(summary['seeds'])} seed(s)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
+                  "From the last evaluation of each run, averaged over seeds, as each activation reports itself "
+                  "(activations.py, `learned`): per layer, `act` is the activation (the gate branch's for a GLU), "
+                  "`act_up` the up branch's, `moe` the expert load on the first validation batch.", ''] + learned
+    lines += ['![loss curves](loss.png)', ''] + acts_section(summary)
+    write_text(path, '\n'.join(lines))

@@ -13,7 +13,11 @@ import sys
 
 import torch
 
-from configurator import UserError, parse_args, run_cli
+import device
+from configurator import UserError, model_config, parse_args, read_text, run_cli
+from data.tokenizer import get_tokenizer
+from model import GPT
+from rundir import load_checkpoint, model_state
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory holding ckpt.pt
@@ -29,28 +33,32 @@ DEFAULTS = dict(
 SEPARATOR = '---------------'
 
 
-def main(argv):
-    from common import autocast, load_checkpoint, model_state, resolve_device, resolve_dtype
-    from data.tokenizer import get_tokenizer
-    from model import GPT, GPTConfig
+def check(cfg):
+    if cfg['num_samples'] < 1 or cfg['max_new_tokens'] < 0 or cfg['top_k'] < 0:
+        raise UserError("--num_samples must be at least 1, and --max_new_tokens and --top_k not negative.")
+    # 0 is greedy; far below 1e-3 the logits / temperature overflow float32 (and NaN is no temperature at all)
+    if not (cfg['temperature'] == 0 or 1e-3 <= cfg['temperature'] < float('inf')):
+        raise UserError(f"--temperature must be 0 (greedy) or a finite number of at least 0.001, got "
+                        f"{cfg['temperature']}.")
+    if not 0 <= cfg['seed'] < 2**64:
+        raise UserError(f"--seed must be between 0 and 2**64 - 1, got {cfg['seed']}.")
 
+
+def main(argv):
     cfg, _ = parse_args(DEFAULTS, argv, prog='sample.py', doc=__doc__.split('\n\n')[1])
-    if cfg['num_samples'] < 1 or cfg['max_new_tokens'] < 0 or cfg['top_k'] < 0 or cfg['temperature'] < 0:
-        raise UserError("num_samples must be at least 1, and max_new_tokens, top_k and temperature not negative.")
+    check(cfg)
     checkpoint = load_checkpoint(cfg['out_dir'], "train one first (python train.py config/shakespeare_char.py) or "
                                                  "point --out_dir at a run's directory.")
-    model_args, meta = checkpoint['model_args'], checkpoint.get('meta')
+    meta = checkpoint.get('meta')
     ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
-    device = resolve_device(cfg['device'])
-    device_type = device.split(':')[0]
-    dtype = resolve_dtype(cfg['dtype'], device_type)
+    where = device.resolve_device(cfg['device'])
+    device_type = where.split(':')[0]
+    dtype = device.resolve_dtype(cfg['dtype'], device_type)
     torch.manual_seed(cfg['seed'])
-    if device_type == 'cuda':
-        torch.cuda.manual_seed(cfg['seed'])
 
-    model = GPT(GPTConfig(**model_args))
+    model = GPT(model_config(checkpoint['model_args']))
     model.load_state_dict(model_state(checkpoint['model']))  # also loads what a compiled model saved
-    model.eval().to(device)
+    model.eval().to(where)
 
     tok = get_tokenizer(meta)  # raises a UserError if the start text has characters outside a char vocabulary
     # a model trained with --vocab_size above its tokenizer's has ids that decode to nothing; the loader keeps them out
@@ -58,22 +66,15 @@ def main(argv):
     model.config.vocab_size = min(model.config.vocab_size, tok.vocab_size)
     start = cfg['start']
     if start.startswith('FILE:'):
-        path = start[len('FILE:'):]
-        if not os.path.isfile(path):
-            raise UserError(f"--start=FILE:{path} but there is no such file; give an existing text file.")
-        try:
-            with open(path, encoding='utf-8') as f:
-                start = f.read()
-        except UnicodeDecodeError:
-            raise UserError(f"--start=FILE:{path} is not UTF-8 text; give a UTF-8 text file.") from None
+        start = read_text(start[len('FILE:'):], '--start=FILE: prompt file', 'prompt.txt')
     start_ids = tok.encode(start)
     if not start_ids:
         raise UserError("the prompt is empty; give at least one character with --start (the default is a newline).")
-    x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
+    x = torch.tensor(start_ids, dtype=torch.long, device=where)[None, ...]
     print(f"sampling {cfg['num_samples']} x {cfg['max_new_tokens']} tokens from {ckpt_path} "
-          f"(iteration {checkpoint['iter_num']}, {meta.get('tokenizer')} tokenizer) on {device}", file=sys.stderr)
+          f"(iteration {checkpoint['iter_num']}, {meta.get('tokenizer')} tokenizer) on {where}", file=sys.stderr)
 
-    with torch.no_grad(), autocast(device_type, dtype):
+    with torch.no_grad(), device.autocast(device_type, dtype):
         for _ in range(cfg['num_samples']):
             y = model.generate(x, cfg['max_new_tokens'], temperature=cfg['temperature'], top_k=cfg['top_k'] or None)
             print(tok.decode(y[0].tolist()))

@@ -18,8 +18,3 @@ def shakespeare_char_dir(tmp_path_factory):
     spec.loader.exec_module(module)
     module.prepare(out_dir=str(root / "shakespeare_char"))
     return str(root)
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "cuda: needs a CUDA GPU; run them with `python -m pytest -m cuda` (skipped "
-                                       "where torch sees no GPU)")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import bench
-from configurator import UserError
-from model import GPT, GPTConfig
+from configurator import GPTConfig, UserError
+from model import GPT
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2", "--vocab_size=84",
         "--compile=False", "--device=cpu", "--threads=1", "--warmup=1"]
@@ -42,7 +42,7 @@ def test_json_parameters_are_the_models_own(report):
         own = model.param_report()
         assert r["params"]["total"] == sum(p.numel() for p in model.parameters()) == own["total"]
         assert (r["params"]["ffn"], r["params"]["extras"]) == (own["ffn"], own["extras"])
-        # FLOPs per token: 6·N + 12·L·H·Q·T, counted here independently of bench and model.estimate_mfu
+        # FLOPs per token: 6·N + 12·L·H·Q·T, counted here independently of bench and the model
         cfg = model.config
         n = own["active"] - (model.transformer.wpe.weight.numel() if model.transformer.wpe is not None else 0)
         expect = 6 * n + 12 * cfg.n_layer * cfg.n_head * (cfg.n_embd // cfg.n_head) * cfg.block_size
@@ -67,14 +67,14 @@ def test_ratios_are_against_the_baseline_of_the_same_run(report):
 
 def test_user_mistakes_are_one_sentence_errors():
     for args, words in [(["--variants=gelu,nope"], "unknown ffn"), (["--compile=maybe"], "--compile"),
-                        (["--n_head=3"], "divisible"), (["--profile=nope"], "--profile")]:
+                        (["--n_head=3"], "divisible"), (["--profile=nope"], "unknown ffn")]:
         with pytest.raises(UserError, match=words):
             bench.main(TINY + ["--repeats=1", "--json="] + args)
 
 
 def test_auto_device_never_picks_mps_which_bench_does_not_measure(monkeypatch):
-    import common
-    monkeypatch.setattr(common, "mps_available", lambda: True)  # as on an Apple machine without CUDA
+    import device
+    monkeypatch.setattr(device, "mps_available", lambda: True)  # as on an Apple machine without CUDA
     cfg, _ = bench.parse_args(bench.DEFAULTS, TINY + ["--device=auto"])
     assert bench.resolve(cfg)[2] == "cpu"
     with pytest.raises(UserError, match="does not measure MPS"):
@@ -92,7 +92,7 @@ def test_profile_shows_the_variant_against_its_baseline(capsys):
     out = capsys.readouterr().out
     assert "### gelu (eager)" in out and "### polynorm (eager)" in out and "Self CPU" in out
     # polynorm's recomputing backward shows up as its own autograd node
-    assert any("PolyFunction" in e.key for e in averages[("polynorm", False)])
+    assert any("_Poly" in e.key for e in averages[("polynorm", False)])
 
 
 def test_moe_rows_are_timed_against_their_dense_twin(tmp_path):
@@ -109,32 +109,3 @@ def test_moe_rows_are_timed_against_their_dense_twin(tmp_path):
     assert moe["ratios"]["moe_vs_dense_step_time"] == pytest.approx(
         statistics.median(moe["step_time_s"]["times"]) / statistics.median(dense["step_time_s"]["times"]))
     assert "moe_vs_dense_step_time" not in dense["ratios"]
-
-
-def probe_result(variant, mode, cache, seconds, hits=0, round=0):
-    """One compile probe's record as compile_probe and run_probe write it."""
-    return dict(variant=variant, mode=mode, cache=cache, round=round, wall_compile_s=seconds, step_s=0.5, graphs=2,
-                compile_call_s=1.0 + round,
-                fx_cache_hit=hits, fx_cache_miss=3 - hits, aot_cache_hit=min(hits, 2), aot_cache_miss=2 - min(hits, 2))
-
-
-def test_compile_table_gives_medians_over_rounds_and_their_ratios():
-    cold = {"regional": [10.0, 14.0, 11.0], "whole": [30.0, 20.0, 24.0]}  # medians 11 and 24
-    warm = {"regional": [2.0, 1.0, 9.0], "whole": [3.0, 3.0, 3.0]}  # medians 2 and 3
-    results = [probe_result("moa", mode, cache, s[mode][i], hits=3 if cache == "warm" else 0, round=i)
-               for i in range(3) for cache, s in (("cold", cold), ("warm", warm)) for mode in ("regional", "whole")]
-    cells = [[c.strip() for c in line.strip("|").split("|")] for line in bench.compile_table(results).splitlines()]
-    rows = {row[1]: row for row in cells[2:]}
-    assert rows["regional"][2:6] == ["11.0 (10.0-14.0)", "2.0 (1.0-9.0)", f"{2 / 11:.2f}", f"{11 / 24:.2f}"]
-    assert rows["whole"][2:6] == ["24.0 (20.0-30.0)", "3.0 (3.0-3.0)", f"{3 / 24:.2f}", "1.00"]
-    assert rows["regional"][6:8] == ["2.0", "500.0"]  # import: median of 1, 2, 3 (cold) and 1, 2, 3 (warm)
-    assert rows["regional"][9:12] == ["9/9", "6/6", "3"]  # FX and AOT hits summed over the 3 warm rounds
-
-
-def test_a_cold_probe_that_finds_its_graphs_cached_is_refused(monkeypatch):
-    # a cold compile time measured on a cache that already held the graphs would be a load time
-    monkeypatch.setattr(bench, "in_fresh_process",
-                        lambda *a: json.dumps(probe_result("gelu", "regional", "cold", 3.0, hits=3)))
-    with pytest.raises(RuntimeError, match="did not compile from scratch"):
-        bench.run_probe({}, "gelu", "regional", "/nonexistent", "cold")
-    assert bench.run_probe({}, "gelu", "regional", "/nonexistent", "warm")["fx_cache_hit"] == 3

@@ -17,10 +17,11 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import common  # noqa: E402
+import cluster  # noqa: E402
 import compare  # noqa: E402
-import train  # noqa: E402
-from configurator import UserError, run_cli  # noqa: E402
+import progress  # noqa: E402
+import runs  # noqa: E402
+from configurator import DEFAULTS, TYPES, UserError, run_cli  # noqa: E402
 
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
         '--lr_decay_iters=4', '--warmup_iters=1', '--eval_interval=2', '--eval_iters=2', '--log_interval=1',
@@ -57,22 +58,21 @@ def four_gpus(monkeypatch):
 
 
 def test_eight_runs_on_four_gpus_are_two_per_gpu(four_gpus):
-    gpus, jobs = compare.resolve_jobs(dict(compare.DEFAULTS, device='auto', jobs=8))
+    gpus, jobs = cluster.resolve_jobs(dict(compare.DEFAULTS, device='auto', jobs=8))
     assert gpus == four_gpus and jobs == 8
-    slots = compare.placement(jobs, gpus, 1)
-    envs = [compare.job_env(gpus_of_slot, threads=0) for gpus_of_slot in slots]
+    envs = [cluster.gpu_env(gpus_of_slot) for gpus_of_slot in cluster.placement(jobs, gpus, 1)]
     assert all(e['CUDA_VISIBLE_DEVICES'] in four_gpus for e in envs)  # exactly one GPU each
     assert collections.Counter(e['CUDA_VISIBLE_DEVICES'] for e in envs) == {g: 2 for g in four_gpus}
     # by default one run per GPU; DDP runs get GPUs of their own, in groups; a CPU run is not placed at all
-    assert compare.resolve_jobs(dict(compare.DEFAULTS, device='cuda', jobs=0)) == (four_gpus, 4)
-    assert compare.resolve_jobs(dict(compare.DEFAULTS, device='auto', jobs=0, nproc_per_run=2)) == (four_gpus, 2)
-    assert compare.placement(4, four_gpus, 2) == [['4', '5'], ['6', '7'], ['4', '5'], ['6', '7']]
-    assert compare.job_env(['6', '7'], threads=0)['CUDA_VISIBLE_DEVICES'] == '6,7'
-    assert compare.resolve_jobs(dict(compare.DEFAULTS, device='cpu', jobs=0)) == ([], 1)
-    assert compare.resolve_jobs(dict(compare.DEFAULTS, device='cuda:1', jobs=3)) == ([], 3)  # the user's choice
-    assert 'CUDA_VISIBLE_DEVICES' not in compare.job_env(None, threads=0).keys() - os.environ.keys()
+    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cuda', jobs=0)) == (four_gpus, 4)
+    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='auto', jobs=0, nproc_per_run=2)) == (four_gpus, 2)
+    assert cluster.placement(4, four_gpus, 2) == [['4', '5'], ['6', '7'], ['4', '5'], ['6', '7']]
+    assert cluster.gpu_env(['6', '7'])['CUDA_VISIBLE_DEVICES'] == '6,7'
+    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cpu', jobs=0)) == ([], 1)
+    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cuda:1', jobs=3)) == ([], 3)  # the user's choice
+    assert cluster.gpu_env(None) == {}
     with pytest.raises(UserError, match='nproc_per_run=8'):
-        compare.resolve_jobs(dict(compare.DEFAULTS, device='auto', nproc_per_run=8))
+        cluster.resolve_jobs(dict(compare.DEFAULTS, device='auto', nproc_per_run=8))
 
 
 class FakeProcess:
@@ -102,11 +102,10 @@ def test_train_all_keeps_two_runs_per_gpu(four_gpus, tmp_path, monkeypatch):
 
     monkeypatch.setattr(compare.subprocess, 'Popen', popen)
     monkeypatch.setattr(compare.time, 'sleep', lambda s: None)
-    runs = [dict(variant='gelu', seed=s, dir=str(tmp_path / f'seed{s}'), processes=1, args={'seed': str(s)})
-            for s in range(12)]
+    planned = [runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path)), 'gelu', s) for s in range(12)]
     statuses = {}
-    compare.train_all([(r, 'scratch') for r in runs], compare.placement(8, four_gpus, 1), 0, statuses,
-                      common.PlainProgress(12, 'runs'), max_iters=4)
+    compare.train_all([(r, 'scratch') for r in planned], cluster.placement(8, four_gpus, 1), 0, statuses,
+                      progress.PlainProgress(12, 'runs'))
     assert len(started) == 12 and all(v == 'done' for v in statuses.values()) and len(statuses) == 12
     assert max(p.load for p in started) == 2
     assert collections.Counter(p.gpu for p in started[:8]) == {g: 2 for g in four_gpus}
@@ -141,20 +140,23 @@ def planned(shakespeare_char_dir, tmp_path_factory):
                 out=(root / 'out.txt').read_text(), plan=plan, ran=ran, report=report)
 
 
+@pytest.mark.slow
 def test_plan_lists_every_run_with_every_setting(planned):
     lines = planned['plan'][0].splitlines()
     assert len(lines) == 4  # 2 variants x 2 seeds, nothing else on stdout
-    dirs = [os.path.join(planned['elsewhere'], v, f'seed{s}') for v in ('gelu', 'moa') for s in (1337, 1338)]
+    # seed by seed (the runs side by side are different variants: each variant compiles once)
+    dirs = [os.path.join(planned['elsewhere'], v, f'seed{s}') for s in (1337, 1338) for v in ('gelu', 'moa')]
     for line, d in zip(lines, dirs):
-        assert line.startswith(f'OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 {sys.executable} {compare.TRAIN_PY} --')
+        assert line.startswith(f'OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 {sys.executable} {runs.TRAIN_PY} --')
         assert f'--out_dir={d} ' in line and os.path.isabs(d)
-        assert all(f' --{k}=' in line for k in train.DEFAULTS)  # every setting explicit
+        assert all(f' --{k}=' in line for k in DEFAULTS)  # every setting explicit
         assert '--init_from=scratch' in line and '--overwrite=False' in line
     assert '4 of 4 runs to do' in planned['plan'][1]
 
 
 def strip_paths_and_times(summary):
     """A summary without what depends on where the runs are and how fast the machine was at the time."""
+    summary.pop('at_once')  # how many ran side by side: what compare.py recorded (xargs records nothing)
     for s in summary['variants'].values():
         s.pop('tok_s'), s.pop('train_time_s')
         if s['matched']:  # the time-matched part of the verdicts
@@ -166,6 +168,7 @@ def strip_paths_and_times(summary):
     return summary
 
 
+@pytest.mark.slow
 def test_report_of_planned_runs_equals_compare_running_them(planned):
     a, b = (json.load(open(os.path.join(d, 'summary.json'))) for d in (planned['local'], planned['elsewhere']))
     assert a['variants']['moa']['diff_to_baseline']['std'] is not None  # two seeds: the statistics are there
@@ -179,6 +182,7 @@ def test_report_of_planned_runs_equals_compare_running_them(planned):
     assert again[0] == '' and '0 of 4 runs to do' in again[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('extra, words', [
     (['--learning_rate=0.01'], 'learning_rate=0.002 (now 0.01)'),  # read from the checkpoints' config
     (['--nproc_per_run=2'], 'processes=1 (now 2)'),  # the checkpoints' world size
@@ -192,12 +196,13 @@ def test_runs_done_elsewhere_are_checked_like_local_ones(planned, extra, words, 
 
 
 def test_a_bool_key_alone_switches_it_on():
-    cfg, given = compare.parse_args(compare.DEFAULTS, ['--plan'], types=train.TYPES)
+    cfg, given = compare.parse_args(compare.DEFAULTS, ['--plan'], types=TYPES)
     assert cfg['plan'] is True and cfg['report'] is False and given == {'plan'}
     with pytest.raises(UserError, match='--key=value'):  # any other key still needs its value
-        compare.parse_args(compare.DEFAULTS, ['--n_layer'], types=train.TYPES)
+        compare.parse_args(compare.DEFAULTS, ['--n_layer'], types=TYPES)
 
 
+@pytest.mark.slow
 def test_report_refuses_unfinished_runs(planned, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         run_cli(compare.main, compare_cmd(planned['data'], str(tmp_path / 'none'), '--report=True')[2:])
@@ -206,18 +211,20 @@ def test_report_refuses_unfinished_runs(planned, tmp_path, capsys):
     assert not os.path.exists(tmp_path / 'none')
 
 
+@pytest.mark.slow
 def test_plan_of_ddp_runs_launches_torchrun(planned, tmp_path):
     """--nproc_per_run=2: each run is a torchrun of 2 processes (the DDP run itself is tested in test_train.py)."""
     lines = run_main(compare_cmd(planned['data'], str(tmp_path / 'ddp'), '--plan=True', '--nproc_per_run=2')[2:])[0]
     lines = lines.splitlines()
     assert len(lines) == 4 and all(f'{sys.executable} -m torch.distributed.run --standalone --nproc_per_node=2 '
-                                   f'{compare.TRAIN_PY} ' in line for line in lines)
+                                   f'{runs.TRAIN_PY} ' in line for line in lines)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # output that behaves in logs
 
 
+@pytest.mark.slow
 def test_stdout_holds_only_results(planned):
     """`python compare.py > out.txt`: the table in out.txt; progress, as plain lines, on stderr."""
     out, err = planned['out'], planned['local_err']
@@ -232,10 +239,10 @@ def test_stdout_holds_only_results(planned):
 
 def test_plain_progress_lines_are_occasional(monkeypatch, capsys):
     clock = types.SimpleNamespace(time=lambda: now)
-    monkeypatch.setattr(common, 'time', clock)
+    monkeypatch.setattr(progress, 'time', clock)
     now = 0.0
-    bar = common.progress_bar(10, 'train')  # stderr is not a terminal here
-    assert isinstance(bar, common.PlainProgress)
+    bar = progress.progress_bar(10, 'train')  # stderr is not a terminal here
+    assert isinstance(bar, progress.PlainProgress)
     for i in range(10):
         now = 10.0 * (i + 1)  # 10 s per step: a line once PLAIN_EVERY = 30 s have passed since the last one
         bar.set_postfix(loss=f'{10 - i}')
@@ -246,13 +253,14 @@ def test_plain_progress_lines_are_occasional(monkeypatch, capsys):
     assert out == '' and [line.split(' [')[0] for line in lines] == ['train:  30% 3/10', 'train:  60% 6/10',
                                                                        'train:  90% 9/10', 'train: 100% 10/10']
     assert lines[-1].endswith('loss=1]')
-    stopped = common.progress_bar(10, 'train')
+    stopped = progress.progress_bar(10, 'train')
     stopped.update()
     stopped.leave = False  # what train.py sets when the run stops: its one-sentence error is all stderr says
     stopped.close()
     assert capsys.readouterr().err == ''
 
 
+@pytest.mark.slow
 def test_bar_on_a_terminal_redraws_on_stderr_only(shakespeare_char_dir, tmp_path):
     """train.py with stderr on a terminal (a pty): the bar is redrawn there; stdout (a file) gets no bar text."""
     import fcntl, struct, termios  # POSIX only

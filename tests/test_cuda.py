@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 import torch
 
+import device
 import model as model_module
-import train
 from activations import VARIANTS
+from configurator import GPTConfig
 from data.shards import write_shard
-from model import GPT, GPTConfig
+from model import GPT
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -163,7 +164,7 @@ def compared(tmp_path_factory):
            '--max_iters=20', '--lr_decay_iters=20', '--eval_interval=10', '--log_interval=5', '--eval_iters=4',
            '--warmup_iters=2', '--learning_rate=3e-3', '--min_lr=3e-4', '--n_layer=2', '--n_head=4', '--n_embd=128',
            '--block_size=128', '--batch_size=16']
-    if train.peak_flops_for('cuda', 0) is None:  # a GPU missing from train.PEAK_FLOPS: MFU against an H100's peak
+    if device.peak_flops('cuda', 0) is None:  # a GPU missing from device.PEAK_FLOPS: MFU against an H100's peak
         cmd.append('--peak_flops=989e12')
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

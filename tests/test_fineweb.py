@@ -111,15 +111,14 @@ def test_bad_shard_count_and_no_network_are_one_sentence(fineweb, tmp_path, monk
 
 
 def test_config_reads_the_dataset_and_has_the_budget_its_header_states():
-    import train
-    from configurator import parse_args
+    import configurator
     cwd = os.getcwd()
     os.chdir(REPO)
     try:
-        cfg, _ = parse_args(train.DEFAULTS, ["config/fineweb10B.py"])
+        cfg, _ = configurator.parse_args(configurator.DEFAULTS, ["config/fineweb10B.py"], types=configurator.TYPES)
     finally:
         os.chdir(cwd)
-    train.check_config(cfg)
+    configurator.check(cfg)
     assert cfg["dataset"] == "fineweb10B" and cfg["dataset"] in PREPARE_COMMANDS
     tokens_per_iter = cfg["batch_size"] * cfg["block_size"] * cfg["gradient_accumulation_steps"]
     assert tokens_per_iter == 524_288 and round(tokens_per_iter * cfg["max_iters"] / 1e9, 1) == 10.0

@@ -1,7 +1,8 @@
 """Tests of inspect_run.py: the drawn curves are the model's own (LA through its module, PolyNorm's per-token median
 recomputed here with numpy), the histograms count the fixed batch's pre-activations, "moved from init" is exactly 0
-before training and positive after, compare.py draws one row per variant, and old logs still inspect.
-One tiny comparison (gelu, la, polynorm x 2 seeds, 4 iterations) is trained once for the module."""
+before training and positive after, compare.py draws one row per variant, and a log without `act` still inspects.
+One tiny comparison (gelu, la, polynorm x 2 seeds, 4 iterations) is trained once for the module, in this process:
+compare.py then finds every run finished and only writes the report."""
 import contextlib
 import io
 import json
@@ -19,10 +20,11 @@ sys.path.insert(0, REPO)
 
 import compare
 import inspect_run
-from common import save_checkpoint
-from configurator import run_cli
+import train
+from configurator import GPTConfig, run_cli, to_argv
 from data.loader import DataLoader
-from model import GPT, GPTConfig
+from model import GPT
+from rundir import save_checkpoint
 
 VARIANTS = ['gelu', 'la', 'polynorm']
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
@@ -33,9 +35,12 @@ TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_
 @pytest.fixture(scope='module')
 def compared(shakespeare_char_dir, tmp_path_factory):
     out = str(tmp_path_factory.mktemp('inspect') / 'cmp')
-    with contextlib.redirect_stdout(io.StringIO()):
-        compare.main([f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', f'--variants={",".join(VARIANTS)}',
-                      '--seeds=2', '--jobs=2', '--threads=1', *TINY])
+    argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', f'--variants={",".join(VARIANTS)}', '--seeds=2',
+            '--jobs=2', '--threads=1', *TINY]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        for run in compare.plan(compare.settings(argv))[3]:  # the very runs compare.py plans, trained here
+            train.main(to_argv(run['settings']))
+        compare.main(argv)
     return out
 
 
@@ -170,7 +175,7 @@ def test_compare_draws_one_row_per_variant(compared):
     assert list(moved_lines) == ['la', 'polynorm']  # the learnable variants only
     for v, line in moved_lines.items():
         moved = rows[v]['layers'][0]['branches']['act']['moved']
-        assert line.endswith(f'layer 0 {moved:.3f} ({moved / rows[v]["layers"][0]["branches"]["act"]["init_rms"]:.0%})')
+        assert line.endswith(f'layer 0 act {moved:.3f} ({moved / rows[v]["layers"][0]["branches"]["act"]["init_rms"]:.0%})')
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -186,22 +191,16 @@ def rewrite_log(run_dir, change):
     return records
 
 
-def test_old_logs_still_inspect(compared, tmp_path):
-    run = str(tmp_path / 'old')
+def test_the_history_is_the_logged_record_and_a_log_without_it_still_inspects(compared, tmp_path):
+    run = str(tmp_path / 'run')
     shutil.copytree(os.path.join(compared, 'la', 'seed1337'), run)
-    # act with list-valued α (logs written before the dictionary entries were named)
-    listed = lambda r: {**r, 'act': {'layers': [{'alpha': list(l['alpha'].values())} for l in r['act']['layers']]}} \
-        if 'act' in r else r
-    records = rewrite_log(run, listed)
-    with contextlib.redirect_stdout(io.StringIO()):
-        inspect_run.main([f'--out_dir={run}'])
-    hist = acts(run)['history']
+    records = [json.loads(line) for line in open(os.path.join(run, 'log.jsonl'))]
+    hist = acts(os.path.join(compared, 'la', 'seed1337'))['history']
     evals = [r for r in records if 'act' in r]
     assert hist['iters'] == [r['iter'] for r in evals] and len(evals) == 3
-    assert hist['layers'][0]['coefs']['alpha gelu'] == [r['act']['layers'][0]['alpha']['gelu'] for r in evals]
+    assert hist['layers'][0]['act']['alpha gelu'] == [r['act']['layers'][0]['act']['alpha']['gelu'] for r in evals]
     # no act at all: the functions still come from the checkpoint
     rewrite_log(run, lambda r: {k: v for k, v in r.items() if k != 'act'})
-    os.remove(os.path.join(run, 'acts.png'))
     with contextlib.redirect_stdout(io.StringIO()):
         inspect_run.main([f'--out_dir={run}'])
     report = acts(run)

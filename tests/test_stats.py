@@ -140,6 +140,7 @@ def test_matched_ratios_of_a_variant_equal_to_the_baseline_are_one():
 
 def test_padded_curves_keep_every_point_of_the_longer_runs():
     import numpy as np
-    a = report.padded([[3.0, 2.0, 1.0], [3.0]])  # a run stopped after its first evaluation
+    import plots
+    a = plots.padded([[3.0, 2.0, 1.0], [3.0]])  # a run stopped after its first evaluation
     assert np.array_equal(np.nanmean(a, 0), [3.0, 2.0, 1.0])
 

@@ -1,6 +1,6 @@
 """Tests of train.py and configurator.py: exact resume, DDP equivalence, atomic checkpoints and the non-finite stop
 (the one-line user errors are the matrix of tests/test_hostile.py). Every run is a tiny model (1 layer, d=32, T=32)
-for a handful of iterations on CPU.
+for a handful of iterations on CPU, trained in this process (no interpreter start per run) unless it needs its own.
 
 The shakespeare_char_dir fixture (tests/conftest.py) prepares the dataset into a temporary data_dir."""
 import json
@@ -15,6 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import configurator  # noqa: E402
+import train as train_py  # noqa: E402
 from configurator import UserError, parse_args  # noqa: E402
 
 TINY = ['--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
@@ -36,7 +37,13 @@ def run(script, *args, extra_env=None, launcher=None):
 
 
 def train(data_dir, out_dir, *args, **kw):
+    """train.py as a subprocess (for what needs a process of its own: torchrun, kill, a terminal)."""
     return run('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args, **kw)
+
+
+def train_here(data_dir, out_dir, *args):
+    """train.py's main in this process."""
+    train_py.main([*TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args])
 
 
 def log(out_dir):
@@ -52,7 +59,7 @@ def assert_ok(p):
 def tiny_run(shakespeare_char_dir, tmp_path_factory):
     """One finished 4-iteration run (checkpoints at 2 and 4)."""
     out = str(tmp_path_factory.mktemp('tiny_run'))
-    assert_ok(train(shakespeare_char_dir, out, '--max_iters=4', '--eval_interval=2'))
+    train_here(shakespeare_char_dir, out, '--max_iters=4', '--eval_interval=2')
     return shakespeare_char_dir, out
 
 
@@ -63,22 +70,19 @@ def test_exact_resume(shakespeare_char_dir, tmp_path):
     """2N iterations in one run == N iterations, then resume for N more: the same losses at every logged step.
     Dropout is on, so the RNG state must be restored too; a stray log line past the checkpoint must be dropped."""
     data, a, b = shakespeare_char_dir, str(tmp_path / 'a'), str(tmp_path / 'b')
-    common = ['--eval_interval=2', '--dropout=0.1']
-    assert_ok(train(data, a, *common, '--max_iters=6'))
-    assert_ok(train(data, b, *common, '--max_iters=3'))
+    common = ['--eval_interval=2', '--dropout=0.1', '--ffn=moa']
+    train_here(data, a, *common, '--max_iters=6')
+    train_here(data, b, *common, '--max_iters=3')
     with open(os.path.join(b, 'log.jsonl'), 'a') as f:  # as if the run had logged past its last checkpoint
         f.write(json.dumps({'iter': 4, 'loss': 123.0}) + '\n')
-    p = run('train.py', f'--out_dir={b}', '--init_from=resume', '--max_iters=6')  # settings come from the checkpoint
-    assert_ok(p)
+    train_py.main([f'--out_dir={b}', '--init_from=resume', '--max_iters=6'])  # settings come from the checkpoint
     la, lb = log(a), log(b)
     assert [r['iter'] for r in la] == [r['iter'] for r in lb] == list(range(7))  # no line twice, the stray one gone
     for ra, rb in zip(la, lb):
-        assert ra.get('loss') == rb.get('loss'), (ra, rb)
-        assert ra['batch_hash'] == rb['batch_hash']
-        assert ra['tokens'] == rb['tokens']
-        assert ra['lr'] == rb['lr']
-        if 'val_loss' in ra and 'val_loss' in rb:
-            assert ra['val_loss'] == rb['val_loss']
+        for key in ('loss', 'batch_hash', 'tokens', 'lr'):
+            assert ra.get(key) == rb.get(key), (key, ra, rb)
+        if 'val_loss' in ra and 'val_loss' in rb:  # b also evaluated at 3, where it first stopped
+            assert [ra[k] for k in ('val_loss', 'val_halves', 'act')] == [rb[k] for k in ('val_loss', 'val_halves', 'act')]
     ca = torch.load(os.path.join(a, 'ckpt.pt'), weights_only=True)
     cb = torch.load(os.path.join(b, 'ckpt.pt'), weights_only=True)
     assert ca['iter_num'] == cb['iter_num'] == 6
@@ -94,9 +98,8 @@ def in_process(main, argv, capsys):
 
 
 def test_resume_rejects_a_changed_data_stream(tiny_run, capsys):
-    import train
     _, out = tiny_run
-    code, err = in_process(train.main, [f'--out_dir={out}', '--init_from=resume', '--batch_size=8', '--max_iters=5'],
+    code, err = in_process(train_py.main, [f'--out_dir={out}', '--init_from=resume', '--batch_size=8', '--max_iters=5'],
                            capsys)
     assert code == 2 and 'batch_size' in err and len(err.strip().splitlines()) == 1
 
@@ -105,7 +108,7 @@ def test_checkpoint_contents(tiny_run):
     _, out = tiny_run
     ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)  # plain data: loads without pickle code
     for key in ('model', 'optimizer', 'model_args', 'iter_num', 'best_val_loss', 'config', 'rng', 'loader', 'meta',
-                'tokens', 'log_lines'):
+                'tokens', 'log_lines', 'compiled'):
         assert key in ckpt, key
     assert ckpt['iter_num'] == 4 and ckpt['meta']['tokenizer'] == 'char'
     assert not any(k.startswith('_orig_mod.') for k in ckpt['model'])
@@ -115,11 +118,14 @@ def test_checkpoint_contents(tiny_run):
     assert schema <= set(records[1]) and 'val_loss' not in records[1]
     assert 'val_loss' in records[0] and 'val_loss' in records[2]
     assert records[-1]['tokens'] == 4 * 4 * 32
+    # val_halves: the means over the first and the second half of the validation batches, whose mean is val_loss
+    assert sum(records[2]['val_halves']) / 2 == pytest.approx(records[2]['val_loss'], rel=1e-6)
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # check 2: DDP (torchrun, gloo on CPU) == gradient accumulation in one process
 
+@pytest.mark.slow
 def test_ddp_matches_gradient_accumulation(shakespeare_char_dir, tmp_path):
     """2 processes x 1 accumulation step see the batches of 1 process x 2 steps (the loader's stream semantics), so
     the losses agree up to the order of the floating-point reduction. ~20 s on 2 cores."""
@@ -145,7 +151,7 @@ def test_ddp_matches_gradient_accumulation(shakespeare_char_dir, tmp_path):
 # check 4: a kill during the checkpoint write leaves the previous checkpoint loadable
 
 def test_killed_checkpoint_write_keeps_previous(tiny_run, monkeypatch):
-    import common
+    import rundir
     _, out = tiny_run
     path = os.path.join(out, 'ckpt.pt')
     before = open(path, 'rb').read()
@@ -160,7 +166,7 @@ def test_killed_checkpoint_write_keeps_previous(tiny_run, monkeypatch):
 
     monkeypatch.setattr(torch, 'save', dying_save)
     with pytest.raises(KeyboardInterrupt):
-        common.save_checkpoint({**ckpt, 'iter_num': 999}, out)
+        rundir.save_checkpoint({**ckpt, 'iter_num': 999}, out)
     monkeypatch.undo()
     assert open(path, 'rb').read() == before
     assert torch.load(path, weights_only=True)['iter_num'] == 4
@@ -170,13 +176,14 @@ def test_killed_checkpoint_write_keeps_previous(tiny_run, monkeypatch):
 # --------------------------------------------------------------------------------------------------------------------
 # check 5: a non-finite loss stops the run with one sentence and keeps the last good checkpoint
 
-def test_nonfinite_loss_stops_and_keeps_checkpoint(shakespeare_char_dir, tmp_path):
+def test_nonfinite_loss_stops_and_keeps_checkpoint(shakespeare_char_dir, tmp_path, monkeypatch, capsys):
     out = str(tmp_path)
-    p = train(shakespeare_char_dir, out, '--max_iters=5', '--eval_interval=2', extra_env={'NANOFFN_NAN_AT': '3'})
-    assert p.returncode == 3, p.stderr[-3000:]
-    assert 'Traceback' not in p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and 'non-finite' in lines[0] and 'iteration 3' in lines[0], p.stderr
+    monkeypatch.setenv('NANOFFN_NAN_AT', '3')
+    code, err = in_process(train_py.main, [*TINY, f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}',
+                                           '--max_iters=5', '--eval_interval=2'], capsys)
+    assert code == 3 and 'Traceback' not in err
+    lines = [l for l in err.strip().splitlines() if '%' not in l]
+    assert len(lines) == 1 and 'non-finite' in lines[0] and 'iteration 3' in lines[0], err
     ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     assert ckpt['iter_num'] == 2
     assert all(torch.isfinite(v).all() for v in ckpt['model'].values())
@@ -221,20 +228,19 @@ def test_run_cli_exit_codes(capsys):
 
 
 def test_activation_settings_are_checked_before_anything_runs():
-    """check_config builds the activation, so its own checks are one-sentence errors before any training (compare.py
-    calls check_config for every variant before its first run)."""
-    import train
+    """configurator.check builds the activation, so its own checks are one-sentence errors before any training
+    (compare.py calls it for every variant before its first run)."""
     for args, words in [(['--ffn=polynorm', '--poly_order=7'], 'poly_order'),
                         (['--ffn=la', '--act_dict=gelu,relu,gelu'], 'each entry once'),
                         (['--ffn=moa', '--moa_gate=relu'], 'moa_gate'),
                         (['--ffn=la', '--la_init=half'], 'la_init')]:
-        cfg, _ = parse_args(train.DEFAULTS, args)
+        cfg, _ = parse_args(configurator.DEFAULTS, args, types=configurator.TYPES)
         with pytest.raises(UserError, match=words):
-            train.check_config(cfg)
+            configurator.check(cfg)
 
 
 def test_device_names_are_checked(monkeypatch):
-    from common import resolve_device
+    from device import resolve_device
     for bad in ('cuda:x', 'cpu:0', 'gpu', 'cuda:'):
         with pytest.raises(UserError, match='--device expects'):
             resolve_device(bad)

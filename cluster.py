@@ -1,0 +1,67 @@
+"""
+What only comparisons spread over GPUs or machines need: placing runs on the visible GPUs, and handing the runs to
+another scheduler (--plan) and reporting on what it trained (--report).
+
+    python compare.py ... --plan > plan.txt            # the exact command of every run still to do, one per line
+    xargs -d '\\n' -n 1 -P 4 sh -c < plan.txt           # or one Slurm array task per line, on a shared filesystem
+    python compare.py ... --report                     # the summary and pictures from the finished run directories
+
+A plan line is train.py with every setting explicit and absolute paths (runs.train_command, the same command compare.py
+runs itself), writing into the run's own directory; --nproc_per_run=N makes each line a torchrun of N processes.
+"""
+import os
+import sys
+
+from configurator import UserError
+from runs import command_line, describe_progress
+
+
+def visible_gpus():
+    """The GPUs this process may use, by the names a child's CUDA_VISIBLE_DEVICES must give them: the entries of our
+    own CUDA_VISIBLE_DEVICES (indices, UUIDs or MIG ids) when it is set, else 0..n-1."""
+    import torch
+    n = torch.cuda.device_count()  # counts only the usable entries of CUDA_VISIBLE_DEVICES
+    env = os.environ.get('CUDA_VISIBLE_DEVICES')
+    names = [d.strip() for d in env.split(',')] if env is not None else [str(i) for i in range(n)]
+    return names[:n]
+
+
+def resolve_jobs(cfg):
+    """The GPUs to place runs on (none for CPU runs, or for a device named explicitly, e.g. cuda:1) and the number of
+    runs at a time: --jobs, or with --jobs=0 one per group of nproc_per_run GPUs (1 without GPUs)."""
+    gpus = visible_gpus() if cfg['device'] in ('auto', 'cuda') else []
+    nproc = cfg['nproc_per_run']
+    if gpus and nproc > len(gpus):
+        raise UserError(f"--nproc_per_run={nproc} needs {nproc} GPUs per run but {len(gpus)} are visible; lower it.")
+    return gpus, cfg['jobs'] or (len(gpus) // nproc if gpus else 1)
+
+
+def placement(slots, gpus, nproc):
+    """The GPUs of each of `slots` runs trained at the same time: the GPUs cut into groups of nproc (one GPU per DDP
+    process), dealt round robin, so 8 runs on 4 GPUs are 2 per GPU. None per slot when there are no GPUs to place on."""
+    if not gpus:
+        return [None] * slots
+    groups = [gpus[i:i + nproc] for i in range(0, len(gpus) - nproc + 1, nproc)]
+    return [groups[s % len(groups)] for s in range(slots)]
+
+
+def gpu_env(gpus):
+    """CUDA_VISIBLE_DEVICES naming exactly a run's GPUs (which it then sees as cuda:0, cuda:1, ...)."""
+    return {} if gpus is None else {'CUDA_VISIBLE_DEVICES': ','.join(gpus)}
+
+
+def print_plan(todo, n_runs, threads):
+    """--plan: the command of every run still to do on stdout, one per line; what to do next on stderr."""
+    for run, mode in todo:
+        print(command_line(run, mode, threads))
+    print(f"compare: {len(todo)} of {n_runs} runs to do" + (
+        "; run these lines anywhere that sees this filesystem, then the same command with --report instead of --plan "
+        "builds the summary" if todo else ", all finished: --report instead of --plan builds the summary"),
+        file=sys.stderr)
+
+
+def check_finished(todo, n_runs):
+    """--report: refuse, before writing anything, while runs are still to do."""
+    if todo:
+        raise UserError(f"--report: {len(todo)} of {n_runs} runs are not finished ({describe_progress(todo[0][0])}); "
+                        f"run the commands --plan prints, or drop --report to train them here.")

@@ -1,0 +1,117 @@
+"""
+The hardware choices of a run, in one place: device, precision, torch.compile (regional, with its on-disk cache),
+and the accelerator's peak FLOP/s for MFU.
+"""
+import os
+from contextlib import nullcontext
+
+import torch
+
+from configurator import UserError
+
+DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
+PEAK_FLOPS = [('H100', 989e12), ('H200', 989e12), ('A100', 312e12)]  # bf16 dense, per GPU
+
+
+def mps_available():
+    return getattr(torch.backends, 'mps', None) is not None and torch.backends.mps.is_available()
+
+
+def resolve_device(name):
+    """'auto' picks cuda, then mps, then cpu; an explicit choice must exist on this machine."""
+    if name == 'auto':
+        return 'cuda' if torch.cuda.is_available() else 'mps' if mps_available() else 'cpu'
+    kind, colon, index = name.partition(':')
+    if kind not in ('cpu', 'cuda', 'mps') or (colon and not (kind == 'cuda' and index.isdigit())):
+        raise UserError(f"--device expects auto, cpu, cuda, cuda:N or mps, got '{name}'.")
+    if kind == 'cuda' and not torch.cuda.is_available():
+        raise UserError("--device=cuda but no CUDA GPU is available here; use --device=cpu (or auto).")
+    if index and int(index) >= (n := torch.cuda.device_count()):
+        raise UserError(f"--device={name} but this machine has {n} CUDA GPU(s), cuda:0 to cuda:{n - 1}; choose one.")
+    if kind == 'mps' and not mps_available():
+        raise UserError("--device=mps but MPS is not available here; use --device=cpu (or auto).")
+    return name
+
+
+def resolve_dtype(name, device_type):
+    """'auto' is bfloat16 on a CUDA GPU that supports it, float32 elsewhere."""
+    if name == 'auto':
+        return 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+    if name not in DTYPES:
+        raise UserError(f"--dtype expects auto, float32, bfloat16 or float16, got '{name}'.")
+    if name == 'bfloat16' and device_type == 'cuda' and not torch.cuda.is_bf16_supported():
+        raise UserError("this GPU does not support bfloat16; use --dtype=float16 (with loss scaling) or float32.")
+    return name
+
+
+def autocast(device_type, dtype):
+    """Mixed precision for bfloat16/float16 (matmuls in the low precision, reductions in fp32); nothing for float32."""
+    return nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=DTYPES[dtype])
+
+
+def peak_flops(device_type, override):
+    """The peak FLOP/s MFU is measured against: --peak_flops, else the GPU's bf16 peak by name, else None."""
+    if override > 0:
+        return override
+    if device_type == 'cuda':
+        name = torch.cuda.get_device_name()
+        return next((flops for key, flops in PEAK_FLOPS if key in name), None)
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# torch.compile
+
+
+def compile_default(device_type):
+    """--compile=auto: on for CUDA, where fused kernels pay for the compile within the first steps of a real run;
+    off elsewhere (a CPU run finishes sooner eager unless it is long, and MPS support in Inductor is young)."""
+    return device_type == 'cuda'
+
+
+def compile_cache_dir():
+    """Where torch.compile keeps what it built: $TORCHINDUCTOR_CACHE_DIR, else ~/.cache/nanoffn/torchinductor
+    ($XDG_CACHE_HOME honoured). Inductor's FX graph cache and AOTAutograd's cache live there, so a graph compiled by one
+    run is loaded, not compiled again, by every later run on the machine that traces it (another seed, the same variant
+    in another comparison). Deleting it is safe: the next compile rebuilds what it needs."""
+    if os.environ.get('TORCHINDUCTOR_CACHE_DIR'):
+        return os.environ['TORCHINDUCTOR_CACHE_DIR']
+    base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+    return os.path.join(base, 'nanoffn', 'torchinductor')
+
+
+def compile_model(model, mode):
+    """Compile a GPT for training; returns what to call in place of the model.
+    regional: every transformer Block is compiled in place (nn.Module.compile, PyTorch's "regional compilation"
+      recipe). The blocks run the same code on parameters of the same shapes, so ONE graph serves every layer: it is
+      traced and built once, whatever the depth. Embedding, final norm and loss stay eager; state_dict keys stay plain.
+    whole: torch.compile of the whole GPT: one graph with the loss in it, which Inductor can fuse across blocks, at
+      more compile time (the returned wrapper's state_dict keys start with '_orig_mod.').
+    dynamic=False: every batch is batch_size x block_size, so Dynamo specialises once."""
+    os.environ['TORCHINDUCTOR_CACHE_DIR'] = compile_cache_dir()  # read when Inductor first compiles
+    if mode == 'whole':
+        return torch.compile(model, dynamic=False)
+    for block in model.transformer.h:
+        block.compile(dynamic=False)
+    return model
+
+
+def eager():
+    """Run compiled modules eagerly inside this context (for one-off passes that must not trigger a recompile)."""
+    return torch.compiler.set_stance('force_eager')
+
+
+def compile_seconds():
+    """Seconds this process has spent compiling (tracing and building, or loading from the cache): Dynamo's count."""
+    from torch._dynamo.utils import compilation_time_metrics
+    return sum(sum(compilation_time_metrics.get(k, [])) for k in ('_compile.compile_inner', 'backward._backward_impl'))
+
+
+def compile_stats():
+    """What torch.compile did in this process: distinct graphs compiled, and hits and misses of the on-disk caches."""
+    from torch._dynamo.utils import counters
+    return {'graphs': counters['stats']['unique_graphs'],
+            'fx_cache_hit': counters['inductor']['fxgraph_cache_hit'],
+            'fx_cache_miss': counters['inductor']['fxgraph_cache_miss'],
+            'aot_cache_hit': counters['aot_autograd']['autograd_cache_hit'],
+            'aot_cache_miss': counters['aot_autograd']['autograd_cache_miss']}

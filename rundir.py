@@ -1,0 +1,305 @@
+"""
+The files nanoFFN writes and reads back, and the rule they all follow: a write lands whole or not at all.
+
+Every file (checkpoint, JSON record, summary, picture, shard) is written into a temporary file beside its place,
+flushed to disk and renamed over it, so a kill, a full disk or a read-only folder leaves what was there before intact
+and no temporary file behind. A failure to write stops the command with one sentence (RunStopped, exit status 3); a
+Ctrl-C during a checkpoint is held until the checkpoint is whole. log.jsonl is the one file written by appending: a
+torn last line is set aside when it is read. A run directory holds ckpt.pt, log.jsonl, .lock (its owner, see
+lock_run_dir) and stopped.txt (why a run stopped; the next try removes it).
+"""
+import fcntl
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+from contextlib import contextmanager
+
+import torch
+
+from configurator import RunStopped, UserError
+
+STOPPED = 'stopped.txt'
+LOCK_FD_ENV = 'NANOFFN_LOCK_FD'  # compare.py hands the lock it took for a run to the train.py it starts
+
+# ----------------------------------------------------------------------------------------------------------------------
+# writing
+
+
+def write_failed(path, e):
+    reason = getattr(e, 'strerror', None) or (str(e).splitlines() or [type(e).__name__])[0]
+    return RunStopped(f"could not write {path} ({reason}); what was there before is unchanged: free some space or "
+                      f"make the folder writable, then run the same command again.")
+
+
+def write_file(path, write, binary=False):
+    """Write path atomically: write(f) into a temporary file in path's folder, flushed and synced, then renamed over
+    path. On any failure the temporary file is removed and path is untouched; a failure to write raises RunStopped."""
+    tmp = os.path.join(os.path.dirname(path) or '.', f'.{os.path.basename(path)}.tmp{os.getpid()}')
+    try:
+        with open(tmp, 'wb' if binary else 'w', encoding=None if binary else 'utf-8') as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise write_failed(path, e) from None
+    finally:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+
+
+def check_writable(folder):
+    """A UserError unless files can be created in folder (which must exist): checked before a command does its work."""
+    probe = os.path.join(folder, f'.write-test{os.getpid()}')
+    try:
+        with open(probe, 'w'):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        reason = 'no such folder' if isinstance(e, FileNotFoundError) else e.strerror or str(e)
+        raise UserError(f"cannot write in {folder} ({reason}); choose a folder you can write to.") from None
+
+
+def write_text(path, text):
+    write_file(path, lambda f: f.write(text))
+
+
+def write_json(path, obj):
+    write_file(path, lambda f: f.write(json.dumps(obj, indent=1) + '\n'))
+
+
+def save_figure(fig, path):
+    """A matplotlib figure as a PNG, atomically (a full disk must not truncate the previous picture)."""
+    write_file(path, lambda f: fig.savefig(f, format='png', dpi=fig.dpi), binary=True)
+
+
+def _torch_save(obj, f):
+    try:
+        torch.save(obj, f)
+    except RuntimeError as e:  # torch.save's writer reports a failed write (a full disk) as a RuntimeError
+        raise OSError(getattr(e.__context__, 'errno', None), getattr(e.__context__, 'strerror', None) or
+                      'the write failed, e.g. the disk is full') from None
+
+
+@contextmanager
+def ctrl_c_held():
+    """Within it, a Ctrl-C (SIGINT) waits: raised as KeyboardInterrupt once the block is done."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            raise KeyboardInterrupt
+
+
+def save_checkpoint(ckpt, out_dir):
+    path = os.path.join(out_dir, 'ckpt.pt')
+    with ctrl_c_held():
+        write_file(path, lambda f: _torch_save(ckpt, f), binary=True)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# reading
+
+
+def load_checkpoint(out_dir, missing_hint):
+    """out_dir/ckpt.pt as written by train.py, or a UserError: `missing_hint` says what to do if there is none.
+    weights_only: a checkpoint holds tensors and plain Python values only, so loading one cannot run code."""
+    path = os.path.join(out_dir, 'ckpt.pt')
+    if not os.path.exists(path):
+        raise UserError(f"there is no checkpoint at {path}; {missing_hint}")
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=True)
+        for key in ('model_args', 'config', 'iter_num'):
+            ckpt[key]
+        finite = all(bool(v.isfinite().all()) for v in ckpt['model'].values() if v.is_floating_point())
+    except Exception as e:
+        raise UserError(f"cannot read the checkpoint {path} ({type(e).__name__}); it is not a train.py checkpoint or "
+                        f"it is damaged, so train the run again.") from None
+    if not finite:
+        raise UserError(f"the checkpoint {path} (iteration {ckpt['iter_num']}) holds non-finite weights, so it "
+                        f"cannot be used; train the run again with a lower learning_rate.")
+    return ckpt
+
+
+def checkpoint_field(run_dir, key):
+    """One plain field of run_dir/ckpt.pt (iter_num, config, ...), read by memory map: the tensors are not loaded.
+    None if there is no readable checkpoint."""
+    try:
+        return torch.load(os.path.join(run_dir, 'ckpt.pt'), map_location='cpu', weights_only=True, mmap=True)[key]
+    except Exception:
+        return None
+
+
+def model_state(state_dict):
+    """A checkpoint's weights as a plain GPT's state dict: a compiled model's keys carry '_orig_mod.' and a DDP one's
+    'module.', at the start or (regional compilation) inside."""
+    out = {}
+    for k, v in state_dict.items():
+        for prefix in ('_orig_mod.', 'module.'):
+            while k.startswith(prefix):
+                k = k[len(prefix):]
+            k = k.replace('.' + prefix, '.')
+        out[k] = v
+    return out
+
+
+def read_json(path):
+    """A JSON object from a file, or None if it is missing, not JSON or not an object."""
+    try:
+        with open(path, encoding='utf-8') as f:
+            obj = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# log.jsonl: one JSON object per logged iteration (see train.py)
+
+_NUMBER = (int, float)
+FIELDS = {'iter': int, 'tokens': int, 'lr': _NUMBER, 'loss': _NUMBER, 'val_loss': _NUMBER, 'ms': _NUMBER,
+          'tok_s': _NUMBER, 'batch_hash': str, 'val_hash': str, 'act': dict, 'val_halves': list}
+
+
+def valid_record(r):
+    """A log line as train.py writes it: an object with an iteration number and fields of their types."""
+    return (isinstance(r, dict) and isinstance(r.get('iter'), int) and not isinstance(r['iter'], bool) and r['iter'] >= 0
+            and all(isinstance(r[k], t) and not isinstance(r[k], bool) for k, t in FIELDS.items() if k in r)
+            and isinstance(r.get('act', {}).get('layers', []), list))
+
+
+def read_log_lines(path):
+    """(records, damaged): the records of a log.jsonl and the text of every line that is not one (a torn last line
+    after a kill mid-write, a line damaged by hand or by a disk), set aside, never a reason to drop the others."""
+    records, damaged = [], []
+    try:
+        with open(path, encoding='utf-8', errors='replace') as f:
+            lines = f.readlines()
+    except FileNotFoundError:
+        return [], []
+    except OSError as e:  # e.g. a directory where the file should be
+        return [], [f'(unreadable: {e.strerror})\n']
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if valid_record(record) and all(math.isfinite(v) for v in record.values() if isinstance(v, float)):
+            records.append(record)
+        elif line.strip():
+            damaged.append(line if line.endswith('\n') else line + '\n')
+    return records, damaged
+
+
+def read_log(path):
+    """The records of a log.jsonl (damaged lines set aside, see read_log_lines)."""
+    return read_log_lines(path)[0]
+
+
+def truncate_log(path, iter_num):
+    """Keep every intact line up to the checkpoint's iteration (a resumed run writes the later ones again). Damaged
+    lines go to log.jsonl.damaged, with a warning, never dropped silently. Returns the number of lines kept."""
+    records, damaged = read_log_lines(path)
+    records = [r for r in records if r['iter'] <= iter_num]
+    if damaged:
+        with open(path + '.damaged', 'a', encoding='utf-8') as f:
+            f.writelines(damaged)
+        print(f"warning: {len(damaged)} damaged line(s) of {path} moved to {path}.damaged; the intact lines are kept.",
+              file=sys.stderr)
+    write_text(path, ''.join(json.dumps(r) + '\n' for r in records))
+    return len(records)
+
+
+class LogFile:
+    """log.jsonl opened for appending: one line per record, flushed at once (a reader sees every finished line)."""
+
+    def __init__(self, path, append):
+        self.path = path
+        try:
+            self.file = open(path, 'a' if append else 'w', encoding='utf-8')
+        except OSError as e:
+            raise write_failed(path, e) from None
+
+    def write(self, record):
+        try:
+            self.file.write(json.dumps(record) + '\n')
+            self.file.flush()
+        except OSError as e:
+            raise write_failed(self.path, e) from None
+
+    def close(self):
+        try:
+            self.file.close()
+        except OSError:
+            pass
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the run directory's owner
+
+
+def try_lock_run_dir(out_dir):
+    """(lock file, None) if this process now owns out_dir, or (None, 'PID n on host h') naming the process that does.
+
+    The lock is an exclusive fcntl.flock on out_dir/.lock, a file holding the owner's PID and host. The kernel releases
+    a flock when its process ends, however it ends (kill -9 included), so a .lock left by a dead run is simply taken
+    over. Keep the returned file open for as long as the run writes; closing it releases the lock. A process started
+    with the lock's file descriptor in LOCK_FD_ENV shares its parent's lock. On network filesystems flock may exclude
+    only processes of the same machine, so two machines must not train into one shared folder at once."""
+    path = os.path.join(out_dir, '.lock')
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        f = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), 'r+')  # never truncated before it is ours
+    except OSError as e:
+        raise UserError(f"cannot write in {out_dir} ({e.strerror or e}); choose a directory you can write to.") from None
+    inherited = os.environ.get(LOCK_FD_ENV, '')
+    if inherited.isdigit() and _same_file(int(inherited), f.fileno()):
+        f.close()
+        f = os.fdopen(int(inherited), 'r+')
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = f.read().strip() or 'unknown'
+        f.close()
+        pid, _, host = owner.partition(' ')
+        return None, f"PID {pid}" + (f" on {host}" if host else '')
+    except OSError as e:  # a filesystem without locks: train anyway, but say that the folder is not guarded
+        print(f"warning: cannot lock {path} ({e.strerror or e}); make sure no other run uses {out_dir}.", file=sys.stderr)
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()} {socket.gethostname()}\n")
+        f.flush()
+    except OSError:  # a full disk: the lock holds all the same, only its note of the owner is missing
+        pass
+    return f, None
+
+
+def lock_run_dir(out_dir):
+    """The lock file of out_dir (see try_lock_run_dir), or a UserError naming the process that owns the directory."""
+    f, owner = try_lock_run_dir(out_dir)
+    if f is None:
+        raise UserError(f"{out_dir} is in use by another run ({owner}); wait for it to finish or stop it, or choose "
+                        f"another --out_dir.")
+    return f
+
+
+def _same_file(fd, other_fd):
+    try:
+        a, b = os.fstat(fd), os.fstat(other_fd)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)

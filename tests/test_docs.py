@@ -1,0 +1,47 @@
+"""What the repository says of itself holds: README's table of variants is the registry, every library module says
+its one job in its first line, and no library imports a script."""
+import ast
+import re
+from pathlib import Path
+
+import activations as A
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = {'train', 'compare', 'bench', 'sample'}  # entry points: run, never imported by a library module
+
+
+def readme_variant_problems(readme, variants):
+    """What is wrong with README's table of variants against the registry `variants`, as sentences saying what to do."""
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (mlp|glu) \| .* \| ([^|]+) \|$", readme, flags=re.M)
+    found = {name: (kind, source.strip()) for name, kind, source in rows}
+    problems = [f"README.md's table of variants has no row for {name!r}: add `| `{name}` | {v.kind} | φ | extras per "
+                f"layer | {v.source} |` after the row of {list(variants)[i - 1]!r}" for i, (name, v) in enumerate(variants.items())
+                if name not in found]
+    problems += [f"README.md's row of {name!r} says {found[name]}, the registry {(v.kind, v.source)}: make them equal"
+                 for name, v in variants.items() if name in found and found[name] != (v.kind, v.source)]
+    if not problems and [name for name, _, _ in rows] != list(variants):
+        problems.append("README.md's table of variants lists them in another order than activations.VARIANTS")
+    return problems
+
+
+def test_readme_variant_table_is_the_registry():
+    problems = readme_variant_problems((ROOT / 'README.md').read_text(encoding='utf-8'), A.VARIANTS)
+    assert not problems, '\n'.join(problems)
+
+
+def imports(path):
+    tree = ast.parse(path.read_text())
+    return {alias.name.split('.')[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names} | \
+        {node.module.split('.')[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+
+
+def test_no_library_imports_a_script():
+    for path in sorted(ROOT.glob('*.py')):
+        if path.stem not in SCRIPTS:
+            assert not imports(path) & SCRIPTS, f"{path.name} imports {imports(path) & SCRIPTS}"
+
+
+def test_every_module_opens_with_the_sentence_of_its_job():
+    for path in sorted(ROOT.glob('*.py')):
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+        assert doc and doc.split('\n\n')[0].rstrip().endswith(('.', ':')), f"{path.name} does not open with its job"
