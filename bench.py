@@ -9,27 +9,14 @@ ratios to the baseline of each variant's kind measured in the same run.
     python bench.py --device=cuda --dtype=bfloat16 --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 \\
         --vocab_size=50257 --batch_size=16                    # the ~124M dense model on a GPU
 
-For each variant, and for each of eager / compiled, on the same GPT shape and the same batch:
-  - parameters: total, FFN weights, extras (activation coefficients, MoA gates), from model.param_report()
-  - FLOPs per token: 6·N_active + 12·L·H·Q·T, the formula of model.estimate_mfu. The activation's own elementwise
-    work is NOT counted (it is O(m) per token against O(d·m) for the matmuls), so variants with the same weights
-    have the same FLOPs and any difference in time is the activation's overhead.
-  - step time of forward + backward + AdamW step: median and IQR of `repeats` timed steps after `warmup` steps.
-    The variants' repeats are interleaved round-robin (each round in a rotated order), so a burst of load from
-    another process on the machine hits every variant alike instead of spoiling one of them.
-  - tokens/s = batch_size·block_size / median step time
-  - bytes saved for backward per token: every tensor autograd keeps from one forward of the whole GPT with targets
-    (saved_bytes_for_backward below; for a compiled model these are what the compiled graph keeps, i.e. after
-    Inductor's recompute decisions), and on a GPU the peak CUDA memory of one training step above what was
-    allocated before it.
-  - ratios against the baseline of the variant's kind measured in this same run: gelu for non-gated variants,
-    swiglu for gated ones (the baselines are always included). With --n_expert > 0 every variant is an MoE, and
-    its dense twin (n_expert=0: the same active parameters, since experts are dense width / top_k wide) is timed
-    in the same interleaved rounds, giving the MoE/dense step-time ratio.
-Prints a markdown table and writes everything, raw step times included, to the JSON file `json`.
-
-Settings: --key=value overrides of the defaults below (see configurator.py), plus every field of model.GPTConfig
-except ffn (the variants choose it).
+For each variant, eager and compiled, on the same GPT shape and batch: parameters; FLOPs per token (the model's own
+count, which leaves out the activation's elementwise work, so variants with the same weights have the same FLOPs and
+any difference in time is the activation's); the median and IQR of `repeats` timed steps (forward, backward, AdamW),
+interleaved round-robin over the variants so that a burst of load hits every one alike; tokens/s; the bytes autograd
+keeps for backward per token (through the compiled graph when compiled) and, on a GPU, the peak memory of a step;
+and ratios to the baseline of the variant's kind (gelu or swiglu, always included) measured in the same run. With
+--n_expert > 0 every variant is an MoE, timed against its dense twin (the same active weights). Prints a markdown
+table; writes everything, raw step times included, to --json. The model keys are GPTConfig's, but ffn.
 """
 import dataclasses
 import os
@@ -37,19 +24,17 @@ import platform
 import statistics
 import sys
 import time
-from contextlib import nullcontext
 from datetime import datetime, timezone
 
 import torch
 
 import device as hw
 from activations import VARIANTS, baseline_of
-from configurator import GPTConfig, UserError, check_variants, model_config, parse_args, run_cli
+import configurator
+from configurator import GPTConfig, UserError, check, check_variants, model_config, parse_args, run_cli
 from model import GPT
 from rundir import write_json
 
-# -----------------------------------------------------------------------------
-# default config values
 BENCH_DEFAULTS = dict(
     variants="all",  # comma-separated FFN variants, or 'all'; gelu / swiglu are added as baselines
     compile="both",  # True | False | both (eager, then compiled)
@@ -65,15 +50,13 @@ BENCH_DEFAULTS = dict(
     profile_rows=15,  # rows of the profiler's table
     seed=1337,
     compile_mode="regional",  # regional (every Block) | whole (the GPT): what --compile=True compiles
-    threads=0,  # CPU threads for torch (0: torch's default). On a CPU shared with other jobs, 1 avoids the
-    #             OpenMP threads waiting on each other, which can make small steps many times slower
+    threads=0,  # CPU threads for torch (0: torch's default); 1 keeps OpenMP threads from waiting on each other
 )
 # the model keys: every GPTConfig field but ffn, at a shape where the FFN's cost shows on a CPU: the char-level GPT
 # of config/shakespeare_char.py widened to d=256, T=256 (vocab 84 is the bundled corpus's alphabet; padded to 128)
 MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GPTConfig) if f.name != "ffn"}
 MODEL_DEFAULTS.update(vocab_size=84, n_layer=4, n_head=4, n_embd=256, block_size=256)
 DEFAULTS = {**BENCH_DEFAULTS, **MODEL_DEFAULTS}
-# -----------------------------------------------------------------------------
 
 
 def saved_bytes_for_backward(fn, *args):
@@ -91,10 +74,6 @@ def saved_bytes_for_backward(fn, *args):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn(*args)
     return sum(storages.values()), out
-
-
-# -----------------------------------------------------------------------------
-# settings
 
 
 def resolve(cfg):
@@ -128,7 +107,8 @@ def resolve(cfg):
         raise UserError(f"--compile_mode expects regional or whole, got '{cfg['compile_mode']}'.")
     if cfg["profile"]:
         check_variants(cfg["profile"])
-    model_config({**cfg, "ffn": variants[0]})  # the model keys' own checks (e.g. n_embd divisible by n_head)
+    for v in variants:  # the model's and the activations' own checks (n_embd divisible by n_head, poly_order, ...)
+        check({**configurator.DEFAULTS, **{k: cfg[k] for k in MODEL_DEFAULTS}, "ffn": v})
     return variants, modes, device, dtype
 
 
@@ -138,11 +118,9 @@ def set_threads(cfg):
         torch.set_num_threads(cfg["threads"])
 
 
-# -----------------------------------------------------------------------------
-# one model per (variant, mode), all built from the same seed and fed the same batch
-
-
 class Bench:
+    """One model per (variant, mode), all built from the same seed and fed the same batch."""
+
     def __init__(self, variant, compiled, cfg, device, dtype, dense_twin=False):
         model_args = {k: cfg[k] for k in MODEL_DEFAULTS}
         if dense_twin:  # the dense model with the MoE's active FFN weights (expert width = dense width / top_k)
@@ -150,18 +128,14 @@ class Bench:
         self.moe = model_args["n_expert"] > 0
         self.key = (variant, self.moe)
         torch.manual_seed(cfg["seed"])
-        try:  # the activation's own checks (poly_order, act_dict, ...) as it is built
-            self.model = GPT(model_config({**model_args, "ffn": variant})).to(device).train()
-        except ValueError as e:
-            raise UserError(f"{e}; fix the model keys.") from None
+        self.model = GPT(model_config({**model_args, "ffn": variant})).to(device).train()
         self.variant, self.compiled, self.device = variant, compiled, device
         device_type = device.split(":")[0]
         self.opt = self.model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type) if cfg["optimizer"] else None
         # compile_model uses dynamic=False: the variants' shapes differ (gated FFNs are narrower), and Dynamo's
         # automatic dynamic shapes would otherwise recompile a later variant with symbolic sizes: slower kernels
         self.forward = hw.compile_model(self.model, cfg["compile_mode"]) if compiled else self.model
-        self.ctx = (torch.autocast(device_type=device_type, dtype=torch.bfloat16) if dtype == "bfloat16"
-                    else nullcontext())
+        self.ctx = hw.autocast(device_type, dtype)
         self.times = []
 
     def step(self, x, y):
@@ -219,10 +193,6 @@ def make_batch(cfg, device):
 def quartiles(times):
     q1, q2, q3 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else times * 3
     return q1, q2, q3
-
-
-# -----------------------------------------------------------------------------
-# the benchmark
 
 
 def run_mode(variants, compiled, cfg, device, dtype, log=print):
@@ -351,18 +321,13 @@ def benchmark(cfg, log=print):
         settings={k: cfg[k] for k in BENCH_DEFAULTS} | dict(device=device, dtype=dtype),
         model={k: cfg[k] for k in MODEL_DEFAULTS},
         tokens_per_step=cfg["batch_size"] * cfg["block_size"],
-        flops_note="6*N_active + 12*L*H*Q*T per token (model.estimate_mfu); the activation's elementwise FLOPs are not counted",
         results=results,
     )
 
 
-# -----------------------------------------------------------------------------
-# the profile: what one variant's step spends its time on, next to its baseline's
-
-
 def profile(cfg, log=print):
-    """torch.profiler's top ops/kernels by self CPU time (and self CUDA time on a GPU) for cfg['profile'] and its
-    baseline, in each compile mode asked for. Returns {(variant, compiled): profiler key_averages}."""
+    """What one variant's step spends its time on, next to its baseline's: torch.profiler's top ops by self CPU time
+    (and self CUDA time on a GPU), in each compile mode asked for. Returns {(variant, compiled): key_averages}."""
     from torch.profiler import ProfilerActivity
 
     _, modes, device, dtype = resolve(cfg)

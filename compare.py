@@ -39,7 +39,7 @@ from configurator import DEFAULTS as TRAIN_DEFAULTS
 from configurator import TYPES, RunStopped, UserError, check, check_variants, parse_args, run_cli, split_list
 from device import compile_cache_dir
 from progress import progress_bar
-from rundir import LOCK_FD_ENV, checkpoint_field, read_log, try_lock_run_dir, write_json
+from rundir import LOCK_FD_ENV, check_writable, checkpoint_field, read_log, try_lock_run_dir, write_json
 from runs import RECORD, describe_mismatch, make_run, run_state, train_command
 
 COMPARE_DEFAULTS = dict(
@@ -303,7 +303,7 @@ def run_comparison(cfg, checked=None):
     if cfg['report']:
         cluster.check_finished(todo, len(runs))
     gpus, jobs = cluster.resolve_jobs(cfg) if todo else ([], cfg['jobs'])
-    os.makedirs(cfg['out_dir'], exist_ok=True)
+    check_writable(cfg['out_dir'], create=True)
     print(f"compare: {len(variants)} variants x {len(seeds)} seed(s) = {len(runs)} runs into {cfg['out_dir']} "
           f"({len(runs) - len(todo)} to reuse, {len(todo)} to train"
           + (f", {jobs} at a time on GPUs {','.join(gpus)}" if gpus and todo else '') + ')', file=sys.stderr)
@@ -325,6 +325,9 @@ def run_comparison(cfg, checked=None):
 def write_report(cfg, variants, seeds, baseline, runs, statuses):
     """summary.json, summary.md, loss.png and acts.png into out_dir; the table (the results) on stdout."""
     summary, by_variant = report.summarize(cfg, variants, seeds, baseline, runs, statuses)
+    if summary['damaged_lines']:
+        print("compare: damaged log lines set aside (not JSON records as train.py writes them): " + ', '.join(
+            f"{n} in {path}" for path, n in summary['damaged_lines'].items()), file=sys.stderr)
     plots.loss(os.path.join(cfg['out_dir'], 'loss.png'), summary, by_variant, cfg['smooth'])
     # what each variant's activation became (its first seed): acts.png, and how far it moved, for summary.md
     first_seed = {v: next(r['dir'] for r in runs if r['variant'] == v) for v in variants}

@@ -5,35 +5,20 @@ What each activation became: the learned functions of one run, drawn over the in
     python inspect_run.py --out_dir=out-compare/la/seed1337      # one run of a comparison
     python inspect_run.py --out_dir=RUN --data_dir=/elsewhere    # the dataset was moved since the run trained
 
-Writes RUN/acts.png, one row per layer, and the numbers behind every panel in RUN/acts.json:
-  1. the learned function φ(h) over the range where the layer's pre-activations h fall (0.5th-99.5th percentile),
-     a histogram of those h behind it and the function the run started from dashed; the median over tokens with a
-     10-90% band where φ depends on the token (PolyNorm, MoA); both branches of a gated (GLU) variant;
-  2. what each part of the layer reported about itself over training (its `learned` record in log.jsonl: LA/MoA α_k,
-     PolyCom a_0..a_r, xIELU α_p, α_n, an MoE's expert load), one panel per part (act, act_up, moe);
-  3. MoA: the distribution over tokens of each coefficient c_k(x), and the entropy of the normalised mixture
-     |c_k| / Σ|c_k| per token: low and spread out when the mixture specialises per token, one value (LA) if not;
-  4. MoE: how many validation tokens each expert receives.
-compare.py calls `compare` to draw one row per variant for a whole comparison.
+Writes RUN/acts.png, one row per layer, and the numbers behind every panel in RUN/acts.json: the learned function
+φ(h) (solid) against the one the run started from (dashed; e.g. GELU for la with la_init=onehot) over the range where
+the layer's pre-activations h fall (0.5th-99.5th percentile), their histogram behind; both branches of a GLU; what
+each part of the layer reported over training (log.jsonl's `act`: α_k, a_0..a_r, α_p, α_n, an MoE's expert load);
+for MoA the spread of each c_k(x) over tokens and the per-token entropy of |c_k| / Σ|c_k|; for an MoE the tokens each
+expert receives. compare.py calls `compare` to draw one row per variant of a comparison.
 
-Definitions:
-- The fixed batch: the run's first validation batch, DataLoader(...).val_batches(1)[0] with the run's dataset,
-  block_size, batch_size and data_dir: the tokens every evaluation of every run on the dataset starts with.
-- Pre-activations: each block's FFN input x (GPT.ffn_inputs), then h = W_up x (mlp), g = W_gate x and u = W_up x (glu).
-  In an MoE layer one row per (token, chosen expert) pair (MoE.dispatch), h = x W_up[e]: exactly the rows the experts'
-  activation sees (PolyNorm normalises each such row), so the histogram and the bands are over pairs.
-- The learned function on a grid of h (the histogram's bin centres). Token-independent φ (fixed, LA, xIELU,
-  PolyReLU): the module's own forward, φ(grid). PolyNorm / PolyReLUNorm (Zhuo et al. 2025) normalise per token
-  over the hidden dimension, so token t has its own curve
-        φ_t(grid) = a_0 + Σ_{i=1..r} a_i · b(grid)^i · s_{i,t},   s_{i,t} = rsqrt(mean_j b(h_{t,j})^{2i} + 1e-6),
-  b = identity (PolyNorm) or relu (PolyReLUNorm). MoA: φ_t(grid) = Σ_k c_k(x_t) φ_k(grid), the module's forward with
-  token t's coefficients. Drawn: the median over tokens and the 10-90% band.
-- The init function: the activation exactly as the run's config builds it before training (model.make_activations:
-  e.g. GELU for la with la_init=onehot), evaluated the same way on the same tokens (PolyNorm: the same s_{i,t} with the
-  initial coefficients; MoA: c = α_init for every token, since its gate logits start at zero).
-- Moved from init, per layer and branch: sqrt(Σ_b w_b (φ_learned(h_b) − φ_init(h_b))²) over the bins b of the
-  histogram, w_b the bin's share of the counted h, φ the median over tokens where it depends on the token. 0 at init
-  by construction; `init_rms` = sqrt(Σ_b w_b φ_init(h_b)²) gives it a scale.
+Definitions. The batch is the run's first validation batch, the tokens every evaluation starts with. Pre-activations
+are h = W_up x, or g = W_gate x and u = W_up x, from each block's FFN input x (GPT.ffn_inputs); in an MoE one row per
+(token, chosen expert) pair (MoE.dispatch), exactly the rows the experts' activation sees. φ is evaluated on the
+histogram's bin centres: the module's own forward where φ does not depend on the token; where it does (PolyNorm and
+PolyReLUNorm normalise per token, MoA mixes with token t's c(x_t)) one curve per token, drawn as the median and the
+10-90% band. Moved from init = sqrt(Σ_b w_b (φ_learned(h_b) − φ_init(h_b))²) over the bins b, w_b the bin's share
+of h (φ the median where it depends on the token): 0 at init; init_rms = sqrt(Σ_b w_b φ_init(h_b)²) gives it a scale.
 """
 import math
 import os
@@ -47,7 +32,7 @@ from activations import MoA, Poly, make_activations
 from configurator import UserError, model_config, parse_args, run_cli
 from device import resolve_device
 from model import GPT, MoE
-from rundir import check_writable, load_checkpoint, model_state, read_log, save_figure, write_json
+from rundir import check_writable, load_checkpoint, model_state, read_log_lines, save_figure, write_json
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory: ckpt.pt, log.jsonl; acts.png and acts.json are written there
@@ -96,8 +81,9 @@ def branch_rows(ffn, x):
 
 
 def phi_curves(act, grid, h, x):
-    """φ on the grid: one row per row of h where φ depends on the token (PolyNorm, PolyReLUNorm, MoA), else one row.
-    The formulas are in the module docstring."""
+    """φ on the grid: one row per row of h where φ depends on the token, else one row. PolyNorm / PolyReLUNorm:
+    φ_t(grid) = a_0 + Σ_i a_i·b(grid)^i·s_{i,t}, s_{i,t} = rsqrt(mean_j b(h_tj)^{2i} + ε), b = identity or relu;
+    MoA: the module's forward with token t's coefficients c(x_t)."""
     if isinstance(act, Poly) and act.use_norm:
         base = torch.relu if act.use_relu else (lambda v: v)
         b, a = base(h), act.coeffs
@@ -204,10 +190,11 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu'):
                 layer['expert_tokens'] = usage
             layers.append(layer)
     cfg = ckpt['config']
-    return {'run': out_dir, 'ffn': model.config.ffn, 'iter': ckpt['iter_num'], 'n_layer': model.config.n_layer,
+    log, damaged = read_log_lines(os.path.join(out_dir, 'log.jsonl'))
+    return {'run': out_dir, 'damaged_lines': len(damaged), 'ffn': model.config.ffn, 'iter': ckpt['iter_num'], 'n_layer': model.config.n_layer,
             'batch': {'dataset': cfg['dataset'], 'batch_size': cfg['batch_size'], 'block_size': cfg['block_size'],
                       'tokens': idx.numel()},
-            'layers': layers, 'history': history(read_log(os.path.join(out_dir, 'log.jsonl')), model.config.n_layer)}
+            'layers': layers, 'history': history(log, model.config.n_layer)}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -378,10 +365,10 @@ def draw_comparison(path, reports):
         row[0].set_ylabel(f"{v}, iteration {r['iter']}")  # each run's checkpoint: its last or its best evaluation
     for ax in axes[-1]:
         ax.set_xlabel('h (pre-activation)')
-    fig.suptitle(textwrap.fill(f"learned φ at each run's checkpoint (solid; median and 10-90% band over tokens "
-                               f"where it depends on the token), init dashed, histogram of h on the first validation "
-                               f"batch behind; the first seed of each variant; moved: distance from init over the "
-                               f"histogram's mass", int(width * 14)), fontsize=10)
+    fig.suptitle(textwrap.fill("learned φ at each run's checkpoint (solid; median and 10-90% band over tokens "
+                               "where it depends on the token), init dashed, histogram of h on the first validation "
+                               "batch behind; the first seed of each variant; moved: distance from init over the "
+                               "histogram's mass", int(width * 14)), fontsize=10)
     save_figure(fig, path)
     plt.close(fig)
 
@@ -390,6 +377,9 @@ def main(argv):
     cfg, _ = parse_args(DEFAULTS, argv, prog='inspect_run.py', doc=__doc__.split('\n\n')[1])
     check_writable(cfg['out_dir'])  # acts.png and acts.json go there: say so before the work, not after
     report = inspect(cfg['out_dir'], cfg['data_dir'], cfg['bins'], resolve_device(cfg['device']))
+    if report['damaged_lines']:
+        print(f"warning: {report['damaged_lines']} damaged line(s) of {cfg['out_dir']}/log.jsonl set aside.",
+              file=sys.stderr)
     write(cfg['out_dir'], report)
     for i, layer in enumerate(report['layers']):
         moved = ', '.join(f"{BRANCH_LABELS[n]} {b['moved']:.4f} (init rms {b['init_rms']:.3f})"

@@ -9,7 +9,7 @@ import statistics
 
 import stats
 from configurator import DEFAULTS, model_config
-from rundir import checkpoint_field, read_json, read_log, write_text
+from rundir import checkpoint_field, read_json, read_log_lines, write_text
 from runs import RECORD, identifies
 
 # the settings that shape a comparison, shown in its summary whether chosen or left at train.py's defaults
@@ -104,9 +104,12 @@ def how_compiled(runs):
 
 def summarize(cfg, variants, seeds, baseline, runs, statuses, loss_of=lambda r: r['val_loss']):
     """The comparison's summary (JSON-able) and the per-run metrics by variant (for the pictures)."""
-    by_variant = {}
+    by_variant, damaged = {}, {}
     for run in runs:
-        m = run_metrics(read_log(os.path.join(run['dir'], 'log.jsonl')), loss_of)
+        log, bad = read_log_lines(os.path.join(run['dir'], 'log.jsonl'))
+        if bad:
+            damaged[os.path.join(run['dir'], 'log.jsonl')] = len(bad)
+        m = run_metrics(log, loss_of)
         m.update(seed=run['seed'], dir=run['dir'], status=statuses[run['dir']])
         if m['status'] != 'done':
             m['final_val_loss'] = None  # a stopped run has no final evaluation to compare
@@ -116,7 +119,8 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses, loss_of=lambda r: 
               and k not in PER_RUN_KEYS}
     at_once = {(read_json(os.path.join(r['dir'], RECORD)) or {}).get('at_once') for r in runs}
     out = {'baseline': baseline, 'seeds': seeds, 'dataset': cfg['dataset'], 'compiled': how_compiled(runs),
-           'at_once': at_once.pop() if len(at_once) == 1 else 'mixed', 'settings': {**shown, **chosen}, 'variants': {}}
+           'at_once': at_once.pop() if len(at_once) == 1 else 'mixed', 'settings': {**shown, **chosen},
+           'damaged_lines': damaged, 'variants': {}}
     base_vals = {m['seed']: m['final_val_loss'] for m in by_variant[baseline]}
     for v in variants:
         ms = by_variant[v]

@@ -54,8 +54,14 @@ def write_file(path, write, binary=False):
             pass
 
 
-def check_writable(folder):
-    """A UserError unless files can be created in folder (which must exist): checked before a command does its work."""
+def check_writable(folder, create=False):
+    """A UserError unless files can be created in folder (created first with create=True): checked before a command
+    does its work, so that it never fails after it has replaced something."""
+    if create:
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot create the folder {folder} ({e.strerror or e}); choose one you can write to.") from None
     probe = os.path.join(folder, f'.write-test{os.getpid()}')
     try:
         with open(probe, 'w'):
@@ -215,8 +221,11 @@ def truncate_log(path, iter_num):
     records, damaged = read_log_lines(path)
     records = [r for r in records if r['iter'] <= iter_num]
     if damaged:
-        with open(path + '.damaged', 'a', encoding='utf-8') as f:
-            f.writelines(damaged)
+        try:
+            with open(path + '.damaged', 'a', encoding='utf-8') as f:
+                f.writelines(damaged)
+        except OSError as e:
+            raise write_failed(path + '.damaged', e) from None
         print(f"warning: {len(damaged)} damaged line(s) of {path} moved to {path}.damaged; the intact lines are kept.",
               file=sys.stderr)
     write_text(path, ''.join(json.dumps(r) + '\n' for r in records))
@@ -262,17 +271,18 @@ def try_lock_run_dir(out_dir):
     path = os.path.join(out_dir, '.lock')
     try:
         os.makedirs(out_dir, exist_ok=True)
-        f = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), 'r+')  # never truncated before it is ours
+        # unbuffered: a write that fails (a full disk) fails at once, never again when the lock is closed
+        f = open(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), 'r+b', buffering=0)  # never truncated before it is ours
     except OSError as e:
         raise UserError(f"cannot write in {out_dir} ({e.strerror or e}); choose a directory you can write to.") from None
     inherited = os.environ.get(LOCK_FD_ENV, '')
     if inherited.isdigit() and _same_file(int(inherited), f.fileno()):
         f.close()
-        f = os.fdopen(int(inherited), 'r+')
+        f = open(int(inherited), 'r+b', buffering=0)
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        owner = f.read().strip() or 'unknown'
+        owner = f.read().decode(errors='replace').strip() or 'unknown'
         f.close()
         pid, _, host = owner.partition(' ')
         return None, f"PID {pid}" + (f" on {host}" if host else '')
@@ -281,8 +291,7 @@ def try_lock_run_dir(out_dir):
     try:
         f.seek(0)
         f.truncate()
-        f.write(f"{os.getpid()} {socket.gethostname()}\n")
-        f.flush()
+        f.write(f"{os.getpid()} {socket.gethostname()}\n".encode())
     except OSError:  # a full disk: the lock holds all the same, only its note of the owner is missing
         pass
     return f, None

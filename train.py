@@ -29,7 +29,6 @@ import math
 import os
 import random
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -233,11 +232,15 @@ class Trainer:
         if not self.master:
             return
         self.lock = lock_run_dir(self.out_dir)  # held until train() ends; the kernel drops it if the process dies
-        if cfg['wandb_log']:
+        if cfg['wandb_log']:  # before the old run is replaced: a wandb that cannot start leaves it as it was
             import wandb  # configurator.check imported it already
-            self.wandb_run = wandb.init(project=cfg['wandb_project'], group=cfg['wandb_group'] or None,
-                                        name=cfg['wandb_run_name'] or os.path.basename(os.path.abspath(self.out_dir)),
-                                        tags=split_list(cfg['wandb_tags']) or None, config=cfg)
+            try:
+                self.wandb_run = wandb.init(project=cfg['wandb_project'], group=cfg['wandb_group'] or None, config=cfg,
+                                            name=cfg['wandb_run_name'] or os.path.basename(os.path.abspath(self.out_dir)),
+                                            tags=split_list(cfg['wandb_tags']) or None)
+            except Exception as e:
+                raise UserError(f"wandb could not start a run ({type(e).__name__}: {e}); log in (wandb login), set "
+                                f"WANDB_MODE=offline, or drop --wandb_log.") from None
         for name in os.listdir(self.out_dir):  # a new try of a run that stopped, or that was killed mid-save
             if name == STOPPED or name.startswith('.ckpt.pt.tmp'):
                 os.remove(os.path.join(self.out_dir, name))

@@ -1,35 +1,24 @@
-"""The bundled Shakespeare corpus (data/shakespeare.txt.gz, see data/README.md) and its train/val split.
+"""The bundled Shakespeare corpus (data/shakespeare.txt.gz) and its train/val split.
 
-The split holds out whole works: validation is the tail of the file from the start of the work nearest to 90% of
-the characters. With the bundled file that is the last four works, from "THE HISTORY OF TROILUS AND CRESSIDA" to
-"THE WINTER'S TALE" (10.4% of the characters). Why whole works rather than a cut mid-play: a model is then scored on
-plays it has never seen a line of, which is the honest question, and the split is the same for the char-level and
-the BPE dataset.
+Validation holds out whole works: the tail of the file from the work start nearest to 90% of the characters (the
+last four works, 10.4%), so a model is scored on plays it has never seen a line of (see data/README.md).
 """
-import argparse
 import gzip
-import hashlib
 import os
 import re
 import time
 
-from configurator import UserError
+from configurator import UserError, parse_args
+from data.tokenizer import read_vendored
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shakespeare.txt.gz")
 CORPUS_SHA256 = "127def5f65170e14cc06e3899fcec39c223fd81b281537a0a8a168e853972790"  # of the .gz file
+VAL_WORKS = "val = the last four works, from THE HISTORY OF TROILUS AND CRESSIDA on"  # meta.json's "split"
 
 
 def read_shakespeare(path=CORPUS):
     """The corpus as one string, after checking the compressed file's hash."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError:
-        raise UserError(f"the bundled corpus {path} is missing; restore it with `git checkout data/shakespeare.txt.gz`.")
-    if hashlib.sha256(raw).hexdigest() != CORPUS_SHA256:
-        raise UserError(f"the bundled corpus {path} does not have the expected sha256 {CORPUS_SHA256}; "
-                        f"restore it with `git checkout data/shakespeare.txt.gz`.")
-    return gzip.decompress(raw).decode("ascii")
+    return gzip.decompress(read_vendored(path, CORPUS_SHA256, "the bundled corpus")).decode("ascii")
 
 
 def work_starts(text):
@@ -53,15 +42,13 @@ def split_works(text, val_fraction=0.1):
     return text[:cut], text[cut:]
 
 
-def prepare_main(prepare, doc, default_out_dir, argv=None):
-    """The command line of both Shakespeare prepare scripts: --out_dir, --shard_tokens; reports what was written."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--out_dir", default=default_out_dir, help="where to write the shards and meta.json")
-    parser.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard at most")
-    args = parser.parse_args(argv)
+def prepare_main(prepare, defaults, doc, argv):
+    """The command line of both Shakespeare prepare scripts; reports what was written."""
+    name = os.path.basename(defaults["out_dir"])  # the script's own folder: shakespeare or shakespeare_char
+    cfg, _ = parse_args(defaults, argv, prog=f"data/{name}/prepare.py", doc=doc)
     t0 = time.time()
-    meta = prepare(args.out_dir, args.shard_tokens)
+    meta = prepare(cfg["out_dir"], cfg["shard_tokens"])
     dt = time.time() - t0
-    n = meta["train_tokens"] + meta["val_tokens"]
     print(f"{meta['dataset']}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val {meta['tokenizer']} tokens "
-          f"(vocab {meta['vocab_size']}), written to {args.out_dir} in {dt:.1f}s ({n / dt:,.0f} tokens/s)")
+          f"(vocab {meta['vocab_size']}), written to {cfg['out_dir']} in {dt:.1f}s "
+          f"({(meta['train_tokens'] + meta['val_tokens']) / dt:,.0f} tokens/s)")

@@ -4,22 +4,12 @@
     x, y = loader.next_batch()          # (B, T) int64 CPU tensors, y is x shifted by one token
     evals = loader.val_batches(20)      # the same 20 batches for every run on this dataset
 
-Why it is built this way:
-- Training micro-batch k of the stream is drawn from its own generator, seeded by (seed, k). So the stream depends
-  only on (dataset, seed, batch_size, block_size): not on the model, not on torch's global RNG, not on the number of
-  processes. With world_size W, rank r takes micro-batches r, r+W, r+2W, ... of that one stream, so one process
-  with 2 accumulation steps sees exactly the batches of 2 DDP ranks with 1 step; and resuming only needs the count.
-- A window is T+1 consecutive tokens of one shard, drawn uniformly among all such windows of the split (every token
-  position equally likely); a window never crosses the end of a shard, because shards are separate files whose ends
-  are not each other's context.
-- Validation batches are drawn the same way from a generator seeded by a fixed constant and the batch number, so
-  every run on the dataset, whatever its seed, model or process count, is scored on the same windows, and the first
-  n batches are the same whatever the number asked for.
-- Shards are opened by memmap for each batch, as nanoGPT does: a memmap kept open makes the process' resident
-  memory grow with the pages it has touched.
+Training micro-batch k is drawn from a generator seeded by (seed, k), so the stream depends only on (dataset, seed,
+batch_size, block_size); DDP rank r of W takes micro-batches r, r+W, ..., and resuming needs only the count. A
+window is T+1 tokens of one shard, uniform over all windows of the split. Validation batches come from a fixed seed:
+every run is scored on the same windows. Why each choice: data/README.md.
 """
 import hashlib
-import json
 import os
 
 import numpy as np
@@ -27,6 +17,7 @@ import torch
 
 from configurator import UserError
 from data.shards import check_vocab, open_shard, shard_info, shard_paths
+from rundir import read_json
 
 DATA_DIR = os.path.dirname(os.path.abspath(__file__))  # the repo's data/, where prepare scripts write by default
 TRAIN_STREAM, VAL_STREAM = 0, 1  # keep the training and validation generators apart
@@ -52,8 +43,7 @@ class _Split:
         self.paths = paths
         info = [shard_info(p) for p in paths]  # validates every header
         self.n_tokens = np.array([n for n, _ in info], dtype=np.int64)
-        # a token id outside the vocabulary would fail deep inside the model (or decode to garbage when sampling): our
-        # shards record their largest id, checked here; a shard without it is checked when it is first read
+        # an id outside the vocabulary would fail deep in the model: checked here, or when first read if not recorded
         for path, (_, id_bound) in zip(paths, info):
             check_vocab(path, id_bound, vocab_size)
         self.unchecked = {s for s, (_, id_bound) in enumerate(info) if id_bound == 0}
@@ -76,20 +66,14 @@ class _Split:
                 self.unchecked.discard(s)
             for i in np.flatnonzero(shard == s):
                 out[i] = tokens[start[i]:start[i] + self.window]
-            del tokens
+            del tokens  # a memmap kept open would grow the process' resident memory with every page it touched
         return out
 
 
 def read_meta(path):
-    """A dataset's meta.json, checked: a JSON object whose vocab_size is a positive int (training sizes the model
-    with it and sampling decodes with it)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError):  # ValueError: not JSON, or not UTF-8 (UnicodeDecodeError)
-        meta = None
-    vocab_size = meta.get("vocab_size") if isinstance(meta, dict) else None
-    if type(vocab_size) is not int or vocab_size < 1:
+    """A dataset's meta.json, checked: a JSON object with a positive int vocab_size (it sizes the model)."""
+    meta = read_json(path) or {}
+    if type(meta.get("vocab_size")) is not int or meta["vocab_size"] < 1:
         raise UserError(f"{path} is damaged (it must be a JSON object with an integer vocab_size); prepare the "
                         f"dataset again.")
     return meta
@@ -142,8 +126,7 @@ class DataLoader:
         return _to_xy(windows)
 
     def val_batches(self, n_batches):
-        """The first n_batches validation batches: the same for every run on this dataset (seed, model and rank
-        do not matter; batch_size and block_size do). Each DDP rank gets the full list."""
+        """The first n_batches validation batches: the same for every run and rank (batch_size, block_size matter)."""
         while len(self._val_cache) < n_batches:
             rng = np.random.default_rng([VAL_STREAM, VAL_SEED, len(self._val_cache)])
             self._val_cache.append(_to_xy(self.val.sample(rng, self.batch_size)))

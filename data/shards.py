@@ -1,27 +1,24 @@
-"""The token shard format, as in modded-nanogpt: a 256 x int32 little-endian header [20240520, 1, n_tokens, 0, ...]
-followed by n_tokens little-endian uint16 tokens. Our shards also record 1 + their largest token id in header[3]
-(a spare field that other tools, modded-nanogpt's FineWeb shards among them, leave at 0 = not recorded), so the
-loader can check a shard against its dataset's vocabulary without reading its tokens.
-
-Why a header: a shard cut short by a full disk or an interrupted copy has the wrong size for the count it announces,
-and a file that is not a shard at all has the wrong magic; both are caught when the shard is opened, with one
-sentence naming the file, instead of training quietly on garbage.
-
-Shards are written to '<name>.tmp' and renamed when complete, so a file with a shard's name is always whole.
+"""The token shard format (modded-nanogpt's): a 256 x int32 little-endian header [20240520, 1, n_tokens, id_bound, 0...]
+then n_tokens little-endian uint16 tokens. id_bound = 1 + the largest token id (0 = not recorded, as in other tools'
+shards), so the loader can check a shard against the vocabulary without reading it. The header catches a truncated
+or foreign file when it is opened, with one sentence naming it. Shards are written atomically (rundir.write_file).
 """
+import contextlib
 import glob
-import json
 import os
 
 import numpy as np
 
 from configurator import UserError
+from rundir import check_writable, write_file, write_json
 
 MAGIC = 20240520
 VERSION = 1
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 TOKEN_DTYPE = np.dtype("<u2")
+SHARD_TOKENS = 100_000_000  # tokens per shard at most, by default
+STAGING = "partial_"  # shards being written carry this prefix: the loader never reads them
 
 
 class ShardError(UserError):
@@ -35,11 +32,8 @@ def write_shard(path, tokens):
         raise ValueError(f"token ids must fit in uint16 to be written to {path}")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:4] = MAGIC, VERSION, len(tokens), int(tokens.max()) + 1 if tokens.size else 0
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.astype(TOKEN_DTYPE, copy=False).tobytes())
-    os.replace(tmp, path)
+    data = tokens.astype(TOKEN_DTYPE, copy=False)
+    write_file(path, lambda f: (f.write(header.tobytes()), f.write(data.tobytes())), binary=True)
 
 
 def read_header(path):
@@ -48,8 +42,7 @@ def read_header(path):
 
 
 def shard_info(path):
-    """Validates a shard's header against its file size; returns (token count, 1 + largest token id or 0 if the
-    header does not record it)."""
+    """Validates a shard's header against its file size; returns (token count, id_bound or 0 if not recorded)."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
@@ -93,52 +86,38 @@ def read_shard(path):
 
 
 def shard_paths(dataset_dir, split):
-    """The complete shards of one split ('train' or 'val'), in name order (temporary .tmp files are ignored)."""
+    """The shards of one split ('train' or 'val'), in name order."""
     return sorted(glob.glob(os.path.join(glob.escape(dataset_dir), f"{split}_*.bin")))
 
 
-def write_split(dataset_dir, split, tokens, shard_tokens=100_000_000):
-    """Writes one split as {split}_000.bin, {split}_001.bin, ... of at most shard_tokens tokens each."""
-    paths = []
-    for k, start in enumerate(range(0, max(len(tokens), 1), shard_tokens)):
-        paths.append(os.path.join(dataset_dir, f"{split}_{k:03d}.bin"))
-        write_shard(paths[-1], tokens[start:start + shard_tokens])
-    return paths
-
-
-def write_json(path, obj):
-    """Writes a JSON file atomically (meta.json is read by training and sampling)."""
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(obj, f, ensure_ascii=False)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
-
-
-def write_dataset(dataset_dir, train, val, meta, shard_tokens=100_000_000):
-    """A whole in-memory dataset: replaces any earlier shards, writes both splits, then meta.json (with the token
-    counts added) last, so a dataset with a meta.json is complete. Returns the meta dict."""
-    check_shard_tokens(shard_tokens)  # before anything earlier is removed
-    try:
-        os.makedirs(dataset_dir, exist_ok=True)
-        clear_split_files(dataset_dir)
-        write_split(dataset_dir, "train", train, shard_tokens)
-        write_split(dataset_dir, "val", val, shard_tokens)
-        meta = {**meta, "train_tokens": len(train), "val_tokens": len(val)}
-        write_json(os.path.join(dataset_dir, "meta.json"), meta)
-    except OSError as e:  # a mistyped or read-only --out_dir, a full disk
-        raise UserError(f"cannot write the dataset to {dataset_dir} ({e.strerror or e}); "
-                        "choose another --out_dir.") from None
-    return meta
-
-
-def check_shard_tokens(shard_tokens):
+def check_out_dir(out_dir, shard_tokens=SHARD_TOKENS):
+    """Creates out_dir, or a UserError if it cannot take files: before any work, before anything is removed."""
     if shard_tokens < 1:
         raise UserError(f"--shard_tokens must be at least 1, got {shard_tokens}.")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError(f"--out_dir={out_dir} is a file, not a folder; choose another --out_dir.")
+    check_writable(out_dir, create=True)
 
 
-def clear_split_files(dataset_dir):
-    """Removes the shards (and leftover .tmp files) of an earlier preparation, so no stale shard outlives a re-prepare."""
+def write_dataset(dataset_dir, train, val, meta, shard_tokens=SHARD_TOKENS):
+    """A dataset as {split}_000.bin, ... of at most shard_tokens tokens, then meta.json last (it marks a complete
+    dataset). The new shards replace the earlier ones only once all are written: a failed write changes nothing."""
+    check_out_dir(dataset_dir, shard_tokens)
+    parts = [(f"{split}_{k:03d}.bin", tokens[i:i + shard_tokens]) for split, tokens in (("train", train), ("val", val))
+             for k, i in enumerate(range(0, max(len(tokens), 1), shard_tokens))]
+    staged = lambda name: os.path.join(dataset_dir, STAGING + name)
+    try:
+        for name, tokens in parts:
+            write_shard(staged(name), tokens)
+    except BaseException:
+        for name, _ in parts:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(staged(name))
+        raise
     for path in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val"):
-        os.remove(path)
-    for path in glob.glob(os.path.join(glob.escape(dataset_dir), "*.tmp")):
-        os.remove(path)
+        os.remove(path)  # no stale shard may outlive a re-prepare
+    for name, _ in parts:
+        os.replace(staged(name), os.path.join(dataset_dir, name))
+    meta = {**meta, "train_tokens": len(train), "val_tokens": len(val)}
+    write_json(os.path.join(dataset_dir, "meta.json"), meta)
+    return meta

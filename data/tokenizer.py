@@ -1,12 +1,7 @@
 """Tokenizers: GPT-2 BPE built offline from the vendored rank file, and a character-level vocabulary.
 
-Why not `tiktoken.get_encoding("gpt2")`: it downloads its files on first use and raises a ConnectionError with no
-network. We build the identical encoding from data/gpt2.tiktoken (the r50k_base ranks, which tiktoken's gpt2
-encoding also uses) and check the file's sha256 first, so a corrupted or substituted file can never silently change
-every token id.
-
-A prepared dataset says which tokenizer made it in its meta.json; `get_tokenizer(meta)` rebuilds that tokenizer, so
-sampling decodes exactly what training saw:
+tiktoken.get_encoding("gpt2") would download its files; we build the identical encoding from data/gpt2.tiktoken
+after checking its sha256. A dataset's meta.json names its tokenizer and get_tokenizer(meta) rebuilds it:
     {"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256}
     {"tokenizer": "char", "vocab_size": 84, "itos": ["\\n", " ", "!", ...]}
 """
@@ -26,37 +21,31 @@ EOT = 50256  # <|endoftext|>: joins documents in every gpt2 dataset
 R50K_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 
 
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def read_vendored(path, sha256, what):
+    """The bytes of a file committed in data/, or a UserError if it is missing or its sha256 differs."""
+    restore = f"restore it with `git checkout data/{os.path.basename(path)}`."
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError:
+        raise UserError(f"{what} {path} is missing; {restore}") from None
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != sha256:
+        raise UserError(f"{what} {path} has sha256 {digest}, not the expected {sha256}; {restore}")
+    return raw
 
 
 @functools.lru_cache(maxsize=4)
 def gpt2_encoding(ranks_path=GPT2_RANKS):
     """The GPT-2 tiktoken.Encoding, read from a local rank file after checking its hash. Never touches the network."""
-    if not os.path.isfile(ranks_path):
-        raise UserError(f"the GPT-2 rank file {ranks_path} is missing; restore it with `git checkout data/gpt2.tiktoken`.")
-    digest = sha256_file(ranks_path)
-    if digest != GPT2_SHA256:
-        raise UserError(f"the GPT-2 rank file {ranks_path} has sha256 {digest}, not the expected {GPT2_SHA256}; "
-                        f"restore the vendored file with `git checkout data/gpt2.tiktoken`.")
-    ranks = {}
-    with open(ranks_path, "rb") as f:
-        for line in f.read().splitlines():
-            if line:
-                token, rank = line.split()
-                ranks[base64.b64decode(token)] = int(rank)
+    raw = read_vendored(ranks_path, GPT2_SHA256, "the GPT-2 rank file")
+    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
     return tiktoken.Encoding(name="gpt2", pat_str=R50K_PAT, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=EOT + 1)
 
 
 class GPT2Tokenizer:
-    """GPT-2 BPE. encode() ignores special-token text (a document containing '<|endoftext|>' is encoded as plain
-    text), so the only EOT ids in a dataset are the ones the prepare scripts put between documents."""
-    name = "gpt2"
+    """GPT-2 BPE. encode() reads '<|endoftext|>' as plain text: EOT ids come only from the prepare scripts."""
 
     def __init__(self, ranks_path=GPT2_RANKS):
         self.enc = gpt2_encoding(ranks_path)
@@ -79,7 +68,6 @@ class GPT2Tokenizer:
 
 class CharTokenizer:
     """One token per character; the vocabulary is the sorted set of characters of the corpus."""
-    name = "char"
 
     def __init__(self, itos):
         self.itos = list(itos)

@@ -21,7 +21,7 @@ sys.path.insert(0, REPO)
 import compare
 import report
 import runs
-from configurator import TYPES, GPTConfig, run_cli
+from configurator import GPTConfig, run_cli
 from model import GPT
 
 VARIANTS = ['gelu', 'moa']  # a fixed activation and one that logs what it learned ('act')

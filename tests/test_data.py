@@ -19,11 +19,13 @@ import tiktoken
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from configurator import UserError
+from configurator import RunStopped, UserError
+from test_hostile import call as run  # noqa: E402  (a script's main, in this process: exit status, stderr)
+from data import shards
 from data import tokenizer as tokmod
 from data.corpus import read_shakespeare
 from data.loader import DataLoader, DatasetNotPrepared
-from data.shards import HEADER_BYTES, ShardError, read_header, read_shard, shard_paths, write_shard
+from data.shards import HEADER_BYTES, ShardError, read_header, read_shard, shard_paths, write_dataset, write_shard
 from data.tokenizer import EOT, CharTokenizer, get_tokenizer
 
 EOT_TEXT = "<|endoftext|>"
@@ -466,19 +468,130 @@ def test_text_prepare_turns_local_files_into_a_dataset(tmp_path):
     meta = text_prepare.prepare(str(tmp_path / "in" / "b.txt"), "char", out_dir=str(tmp_path / "c"), val_fraction=0.2)
     assert meta["vocab_size"] == len(set("Second file, café.\n"))
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
-    with pytest.raises(UserError, match="latin1.txt is not UTF-8 text"):
+    with pytest.raises(UserError, match="latin1.txt' is not UTF-8 text"):
         text_prepare.prepare(str(tmp_path / "latin1.txt"), "gpt2", out_dir=str(tmp_path / "x"))
 
 
 def test_prepare_mistakes_are_one_sentence_and_keep_what_was_written(tmp_path):
-    from data.shards import write_dataset
     meta = {"dataset": "x", "tokenizer": "char", "vocab_size": 10}
     write_dataset(str(tmp_path / "ds"), np.arange(10) % 10, np.arange(5), meta, shard_tokens=4)
-    before = sorted(os.listdir(tmp_path / "ds"))
+    before = all_files(tmp_path / "ds")
     for bad in (0, -3):
         with pytest.raises(UserError, match="--shard_tokens must be at least 1"):
             write_dataset(str(tmp_path / "ds"), np.arange(10), np.arange(5), meta, shard_tokens=bad)
-    assert sorted(os.listdir(tmp_path / "ds")) == before  # the earlier shards are still there
+    assert all_files(tmp_path / "ds") == before  # the earlier shards are still there
     (tmp_path / "file").write_text("not a folder")
-    with pytest.raises(UserError, match="cannot write the dataset to"):
+    with pytest.raises(UserError, match="cannot create the folder .*file/ds \\(Not a directory\\)"):
         write_dataset(str(tmp_path / "file" / "ds"), np.arange(10), np.arange(5), meta)
+
+
+# ------------------------------------------------------------------------- command lines, run in this process
+
+
+
+def assert_one_line(code, err, status, words):
+    assert code == status and "Traceback" not in err, err
+    assert len(err.splitlines()) == 1 and words in err, err
+    assert err.startswith("error: " if status == 2 else "stopped: "), err
+
+
+@pytest.fixture
+def scripts(monkeypatch):
+    """Every prepare script as a module; a download attempt fails the test."""
+    modules = {name: load_script(f"data/{name}/prepare.py") for name in ("shakespeare_char", "text", "openwebtext",
+                                                                          "fineweb10B")}
+    for name in ("openwebtext", "fineweb10B"):
+        monkeypatch.setattr(modules[name], "download", lambda *a: pytest.fail("downloaded"))
+    return modules
+
+
+@pytest.mark.parametrize("name, args, words", [
+    ("openwebtext", ["--num_subsets=two"], "--num_subsets expects an int (default 0), got 'two'"),
+    ("openwebtext", ["--val_fraction=abc"], "--val_fraction expects a float"),
+    ("openwebtext", ["--keep_archives=maybe"], "--keep_archives expects a bool"),
+    ("openwebtext", ["--subsets=0-2", "--num_subsets=3"], "either --subsets or --num_subsets"),
+    ("openwebtext", ["--subsets=30"], "there is no subset 30"),
+    ("openwebtext", ["--val_fraction=2"], "--val_fraction must be between 0 and 1"),
+    ("openwebtext", ["--shard_tokens=0"], "--shard_tokens must be at least 1"),
+    ("openwebtext", ["--subset=1"], "unknown config key 'subset' (did you mean 'subsets'"),
+    ("text", ["--val_fraction=abc"], "--val_fraction expects a float"),
+    ("text", ["--shard_tokens=1.5"], "--shard_tokens expects an int"),
+    ("text", ["--input=a.txt", "--tokenizer=bpe"], "unknown tokenizer 'bpe'"),
+    ("text", [], "no input given"),
+    ("shakespeare_char", ["--shard_tokens=x"], "--shard_tokens expects an int"),
+    ("shakespeare_char", ["--out-dir"], "cannot read argument '--out-dir'"),
+])
+def test_command_line_mistakes_are_one_line_with_exit_status_2(scripts, tmp_path, capsys, name, args, words):
+    out = tmp_path / "out"
+    code, err = run(scripts[name].main, args + [f"--out_dir={out}"], capsys)
+    assert_one_line(code, err, 2, words)
+    assert not out.exists()  # refused before any work
+
+
+def read_only_folders(tmp_path):
+    """(an existing folder that takes no new file, a folder that cannot be created). Root ignores file permissions,
+    but nobody may add entries to /sys."""
+    if os.geteuid() == 0:
+        return "/sys", "/sys/nanoffn-test/out"
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    (folder / "train_000.bin").write_bytes(b"earlier")
+    folder.chmod(0o555)
+    return str(folder), str(folder / "out")
+
+
+@pytest.mark.parametrize("name", ["shakespeare_char", "text", "openwebtext", "fineweb10B"])
+def test_an_out_dir_that_cannot_take_files_is_one_line_before_any_work(scripts, tmp_path, capsys, name):
+    args = [f"--input={tmp_path / 'in.txt'}"] if name == "text" else []
+    (tmp_path / "in.txt").write_text("some text to tokenize " * 10)
+    (tmp_path / "file").write_text("keep me")
+    read_only, uncreatable = read_only_folders(tmp_path)
+    before = sorted(os.listdir(read_only))
+    try:
+        for out_dir, words in [(tmp_path / "file", "is a file, not a folder"),
+                               (tmp_path / "file" / "sub", "cannot create the folder"),
+                               (read_only, f"cannot write in {read_only}"), (uncreatable, "cannot create the folder")]:
+            code, err = run(scripts[name].main, args + [f"--out_dir={out_dir}"], capsys)
+            assert_one_line(code, err, 2, words)
+        assert (tmp_path / "file").read_text() == "keep me" and sorted(os.listdir(read_only)) == before
+    finally:
+        if read_only != "/sys":
+            os.chmod(read_only, 0o755)  # so pytest can remove it
+
+
+def full_disk(monkeypatch):
+    """Every shard write fails part-way with ENOSPC, inside rundir.write_file (whose cleanup is what is tested)."""
+    real = shards.write_file
+
+    def write_file(path, write, binary=False):
+        def fail(f):
+            f.write(b"\0" * 100)
+            raise OSError(28, "No space left on device")
+        real(path, fail, binary)
+    monkeypatch.setattr(shards, "write_file", write_file)
+
+
+def test_a_failed_shard_write_stops_with_exit_3_and_leaves_the_earlier_dataset_whole(tmp_path, capsys, monkeypatch):
+    text = load_script("data/text/prepare.py")
+    (tmp_path / "in.txt").write_text("To be, or not to be: that is the question.\n" * 20)
+    args = [f"--input={tmp_path / 'in.txt'}", "--tokenizer=char", f"--out_dir={tmp_path / 'ds'}", "--shard_tokens=300"]
+    assert run(text.main, args, capsys)[0] == 0
+    before = all_files(tmp_path / "ds")
+    assert len([n for n in before if n.endswith(".bin")]) == 4
+    (tmp_path / "in.txt").write_text("Something else entirely.\n" * 30)
+    full_disk(monkeypatch)
+    with pytest.raises(RunStopped, match="could not write .*train_000.bin \\(No space left on device\\)"):
+        write_shard(str(tmp_path / "ds" / "train_000.bin"), np.arange(10))
+    code, err = run(text.main, args, capsys)
+    assert_one_line(code, err, 3, "(No space left on device); what was there before is unchanged")
+    assert all_files(tmp_path / "ds") == before  # byte-identical, and no temporary or staged file left
+
+
+def test_a_failed_openwebtext_shard_write_keeps_the_finished_subsets(owt, tmp_path, monkeypatch):
+    out = tmp_path / "owt"
+    owt.prepare(out_dir=str(out), **{**OWT_ARGS, "subsets": "0"})
+    before = all_files(out)
+    full_disk(monkeypatch)
+    with pytest.raises(RunStopped, match="partial_train_s01_000.bin \\(No space left on device\\)"):
+        owt.prepare(out_dir=str(out), **OWT_ARGS)
+    assert all_files(out) == before

@@ -110,6 +110,42 @@ def test_bad_shard_count_and_no_network_are_one_sentence(fineweb, tmp_path, monk
         real.download("fineweb_val_000000.bin", str(tmp_path / "cache"))
 
 
+@pytest.mark.parametrize("arg, words", [("--shards=abc", "--shards expects an int (default 8), got 'abc'"),
+                                        ("--shards=1.5", "--shards expects an int (default 8), got '1.5'"),
+                                        ("--bogus=1", "unknown config key 'bogus'"),
+                                        ("--shards=0", "--shards must be between 1 and 103")])
+def test_command_line_mistakes_are_one_line_with_exit_status_2(fineweb, tmp_path, capsys, arg, words):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(fineweb.main, [arg, f"--out_dir={tmp_path / 'fw'}"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and words in err
+    assert fineweb.downloads == [] and not (tmp_path / "fw").exists()
+
+
+def test_help_lists_the_keys(fineweb, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(fineweb.main, ["--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "usage: python data/fineweb10B/prepare.py" in out
+    assert all(f"--{key}" in out for key in ("shards", "out_dir", "cache_dir"))
+
+
+def test_a_cache_on_another_filesystem_is_copied_whole(fineweb, tmp_path, monkeypatch):
+    real_replace = os.replace
+
+    def cross_device(src, dst):
+        if os.path.basename(os.path.dirname(src)) == "cache":  # the download folder
+            raise OSError(18, "Invalid cross-device link")
+        real_replace(src, dst)
+    monkeypatch.setattr(fineweb.os, "replace", cross_device)
+    out = tmp_path / "fw"
+    fineweb.prepare(shards=1, out_dir=str(out), cache_dir=str(tmp_path / "cache"))
+    assert (out / "train_000001.bin").read_bytes() == (fineweb.hub / "fineweb_train_000001.bin").read_bytes()
+    assert sorted(os.listdir(out)) == ["meta.json", "train_000001.bin", "val_000000.bin"]
+    assert os.listdir(tmp_path / "cache") == []
+
+
 def test_config_reads_the_dataset_and_has_the_budget_its_header_states():
     import configurator
     cwd = os.getcwd()

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import compare
 import ladder
 import report
-from configurator import DEFAULTS, GPTConfig, UserError
+from configurator import GPTConfig, UserError
 from model import GPT
 
 

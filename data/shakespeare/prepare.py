@@ -1,11 +1,9 @@
-"""Prepares shakespeare: the bundled Shakespeare corpus in GPT-2 BPE tokens.
+"""Prepares shakespeare: the bundled Shakespeare corpus in GPT-2 BPE tokens, offline, in a few seconds.
 
-    python data/shakespeare/prepare.py [--out_dir=DIR]
+    python data/shakespeare/prepare.py [--out_dir=DIR] [--shard_tokens=N]
 
-Writes train_000.bin, val_000.bin and meta.json into data/shakespeare/ by default, in a few seconds, with no
-network (the corpus and the GPT-2 ranks are committed in data/). Validation holds out the same whole works as
-shakespeare_char (the last four, 10.4%; see data/corpus.py). Each work is tokenised on its own, in parallel; the
-works follow each other as in the file (no EOT between them: this is one continuous text, as in nanoGPT).
+Writes train_000.bin, val_000.bin and meta.json. Validation holds out the same whole works as shakespeare_char (see
+data/corpus.py); the works follow each other with no EOT between them, one continuous text as in nanoGPT.
 """
 import os
 import sys
@@ -16,28 +14,35 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so 
 import numpy as np
 
 from configurator import run_cli
-from data.corpus import prepare_main, read_shakespeare, split_works, work_starts
-from data.shards import write_dataset
+from data.corpus import VAL_WORKS, prepare_main, read_shakespeare, split_works, work_starts
+from data.shards import SHARD_TOKENS, check_out_dir, write_dataset
 from data.tokenizer import GPT2Tokenizer
+
+DEFAULTS = dict(
+    out_dir=HERE,  # where the shards and meta.json go
+    shard_tokens=SHARD_TOKENS,  # tokens per shard at most
+)
 
 
 def encode_works(tok, text):
     """Tokenises text work by work on all cores. Cutting at work starts changes no token inside a work."""
     cuts = [0] + [s for s in work_starts(text) if s > 0] + [len(text)]
-    works = [text[a:b] for a, b in zip(cuts, cuts[1:])]
-    ids = tok.encode_batch(works)
+    ids = tok.encode_batch([text[a:b] for a, b in zip(cuts, cuts[1:])])
     return np.fromiter((i for w in ids for i in w), dtype=np.uint16, count=sum(map(len, ids)))
 
 
-def prepare(out_dir=HERE, shard_tokens=100_000_000):
+def prepare(out_dir=HERE, shard_tokens=SHARD_TOKENS):
     """Writes the dataset into out_dir and returns its meta dict."""
+    check_out_dir(out_dir, shard_tokens)
     tok = GPT2Tokenizer()
     train_text, val_text = split_works(read_shakespeare())
-    train, val = encode_works(tok, train_text), encode_works(tok, val_text)
-    meta = {**tok.meta(), "dataset": "shakespeare",
-            "split": "val = the last four works, from THE HISTORY OF TROILUS AND CRESSIDA on"}
-    return write_dataset(out_dir, train, val, meta, shard_tokens)
+    meta = {**tok.meta(), "dataset": "shakespeare", "split": VAL_WORKS}
+    return write_dataset(out_dir, encode_works(tok, train_text), encode_works(tok, val_text), meta, shard_tokens)
+
+
+def main(argv):
+    prepare_main(prepare, DEFAULTS, __doc__, argv)
 
 
 if __name__ == "__main__":
-    run_cli(lambda argv: prepare_main(prepare, __doc__, HERE, argv))
+    run_cli(main)

@@ -3,27 +3,31 @@
     python data/text/prepare.py --input=notes.txt,books/ [--tokenizer=gpt2|char] [--name=text]
     python train.py --dataset=text ...
 
-Each file is a document. Folders are searched recursively for *.txt; files are taken in sorted path order.
-- gpt2: every document is written as [EOT] + its tokens, as for OpenWebText.
-- char: documents are joined with a blank line; the vocabulary is every character of the text (saved in meta.json,
-  so sampling can decode it).
-Validation is the last --val_fraction (default 10%) of the token stream; put the text you want held out last.
-Shards and meta.json go to data/<name>/ (data/text/ by default), or to --out_dir.
+Each file is a document; folders are searched recursively for *.txt, files taken in sorted path order. gpt2 writes
+every document as [EOT] + its tokens; char joins documents with a blank line (its vocabulary goes to meta.json).
+Validation is the last --val_fraction of the token stream: put the text you want held out last.
 """
-import argparse
 import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-DATA = os.path.dirname(HERE)
+DATA = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(DATA))  # the repo root, so `python data/.../prepare.py` works
 
 import numpy as np
 
-from configurator import UserError, run_cli
-from data.shards import write_dataset
+from configurator import UserError, parse_args, read_text, run_cli, split_list
+from data.shards import SHARD_TOKENS, check_out_dir, write_dataset
 from data.tokenizer import EOT, CharTokenizer, GPT2Tokenizer
+
+DEFAULTS = dict(
+    input='',  # comma-separated .txt files and/or folders (required)
+    tokenizer='gpt2',  # gpt2 | char
+    name='text',  # the dataset's name: written to data/NAME/, trained with --dataset=NAME
+    out_dir='',  # where the shards and meta.json go; '' = data/NAME
+    val_fraction=0.1,  # the last fraction of the token stream, held out for validation
+    shard_tokens=SHARD_TOKENS,  # tokens per shard at most
+)
 
 
 def find_files(inputs):
@@ -42,34 +46,28 @@ def find_files(inputs):
     return sorted(files)
 
 
-def read_text(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not UTF-8 text (byte {e.start}); convert it to UTF-8 or leave it out.")
-
-
-def prepare(inputs, tokenizer="gpt2", out_dir=None, name="text", val_fraction=0.1, shard_tokens=100_000_000):
+def prepare(inputs, tokenizer="gpt2", out_dir="", name="text", val_fraction=0.1, shard_tokens=SHARD_TOKENS):
     """Writes the dataset and returns its meta dict. inputs: a list of paths (or one comma-separated string)."""
-    if isinstance(inputs, str):
-        inputs = [p for p in inputs.split(",") if p]
+    inputs = split_list(inputs) if isinstance(inputs, str) else inputs
+    if not inputs:
+        raise UserError("no input given; name your text with --input=FILE_OR_FOLDER[,...].")
+    if tokenizer not in ("gpt2", "char"):
+        raise UserError(f"unknown tokenizer {tokenizer!r}; use --tokenizer=gpt2 or --tokenizer=char.")
     if not 0 < val_fraction < 1:
         raise UserError(f"--val_fraction must be between 0 and 1, not {val_fraction}.")
     out_dir = out_dir or os.path.join(DATA, name)
+    check_out_dir(out_dir, shard_tokens)
     files = find_files(inputs)
-    docs = [read_text(p) for p in files]
+    docs = [read_text(p, "input file", "notes.txt") for p in files]
     if tokenizer == "gpt2":
         tok = GPT2Tokenizer()
         tokens = np.array([t for ids in tok.encode_batch(docs) for t in [EOT] + ids], dtype=np.uint16)
-    elif tokenizer == "char":
+    else:
         text = "\n\n".join(docs)
         tok = CharTokenizer.from_text(text)
         if tok.vocab_size > 1 << 16:
             raise UserError(f"the text has {tok.vocab_size} distinct characters, more than 65536; use --tokenizer=gpt2.")
         tokens = np.fromiter(map(tok.stoi.__getitem__, text), dtype=np.uint16, count=len(text))
-    else:
-        raise UserError(f"unknown tokenizer {tokenizer!r}; use --tokenizer=gpt2 or --tokenizer=char.")
     n_val = max(1, int(round(len(tokens) * val_fraction)))
     if len(tokens) - n_val < 2:
         raise UserError(f"the text is only {len(tokens)} tokens long, too short to split into train and val.")
@@ -78,19 +76,13 @@ def prepare(inputs, tokenizer="gpt2", out_dir=None, name="text", val_fraction=0.
     return write_dataset(out_dir, tokens[:-n_val], tokens[-n_val:], meta, shard_tokens)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--input", required=True, help="comma-separated .txt files and/or folders")
-    parser.add_argument("--tokenizer", default="gpt2", choices=["gpt2", "char"])
-    parser.add_argument("--name", default="text", help="dataset name: written to data/NAME/ (train with --dataset=NAME)")
-    parser.add_argument("--out_dir", default=None, help="where to write the shards and meta.json (default data/NAME)")
-    parser.add_argument("--val_fraction", type=float, default=0.1, help="the last fraction of tokens held out")
-    parser.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard at most")
-    args = parser.parse_args(argv)
+def main(argv):
+    cfg, _ = parse_args(DEFAULTS, argv, prog="data/text/prepare.py", doc=__doc__)
     t0 = time.time()
-    meta = prepare(args.input, args.tokenizer, args.out_dir, args.name, args.val_fraction, args.shard_tokens)
+    meta = prepare(cfg["input"], cfg["tokenizer"], cfg["out_dir"], cfg["name"], cfg["val_fraction"],
+                   cfg["shard_tokens"])
     print(f"{meta['dataset']}: {meta['files']} files, {meta['train_tokens']:,} train + {meta['val_tokens']:,} val "
-          f"{args.tokenizer} tokens, written in {time.time() - t0:.1f}s")
+          f"{cfg['tokenizer']} tokens, written in {time.time() - t0:.1f}s")
 
 
 if __name__ == "__main__":
