@@ -28,12 +28,14 @@ def visible_gpus():
 
 def resolve_jobs(cfg):
     """The GPUs to place runs on (none for CPU runs, or for a device named explicitly, e.g. cuda:1) and the number of
-    runs at a time: --jobs, or with --jobs=0 one per group of nproc_per_run GPUs (1 without GPUs)."""
+    runs at a time: --jobs, or with --jobs=0 one per group of nproc_per_run GPUs; without GPUs, one per --threads
+    cores when --threads is set (small models train fastest one thread each, side by side), else one."""
     gpus = visible_gpus() if cfg['device'] in ('auto', 'cuda') else []
     nproc = cfg['nproc_per_run']
     if gpus and nproc > len(gpus):
         raise UserError(f"--nproc_per_run={nproc} needs {nproc} GPUs per run but {len(gpus)} are visible; lower it.")
-    return gpus, cfg['jobs'] or (len(gpus) // nproc if gpus else 1)
+    cpu_jobs = max(1, (os.cpu_count() or 1) // cfg['threads']) if cfg['threads'] else 1
+    return gpus, cfg['jobs'] or (len(gpus) // nproc if gpus else cpu_jobs)
 
 
 def placement(slots, gpus, nproc):

@@ -47,12 +47,16 @@ COMPARE_DEFAULTS = dict(
     seeds=1,  # number of seeds per variant: seed, seed+1, ...
     baseline='',  # the variant the others are compared with; '' = the first of variants
     smooth=0.9,  # EMA factor for the plotted training loss (per log line), 0 = raw
-    jobs=0,  # runs trained at the same time; 0 = one per visible GPU (per nproc_per_run GPUs), 1 on a CPU
+    jobs=0,  # runs trained at the same time; 0 = one per visible GPU (nproc_per_run GPUs), or per --threads CPU cores
     threads=0,  # OMP_NUM_THREADS for each run; 0 = leave the environment's setting
     # a scaling ladder (ladder.py): the comparison at several sizes, each in <out_dir>/<n_layer>x<n_embd>/
     sizes='',  # '' = one size (n_layer, n_embd, n_head as set); e.g. 2x64,3x96,4x128 (n_layer x n_embd [x n_head])
     tokens_per_param=0.0,  # 0 = max_iters at every size; K > 0: K tokens per non-embedding parameter of the baseline
     lr_rule='fixed',  # 'fixed': learning_rate at every size; 'width': learning_rate x first width / width
+    # learning rates: every variant at every rate, each compared at its own best (report.py)
+    lrs='',  # comma-separated rates to try, learning_rate among them (its answer is shown too); '' = learning_rate only
+    lr_grid=0,  # K > 0: the rates learning_rate x 2^j for j = -K..K (instead of --lrs)
+    lr_extend=False,  # a variant whose best rate is the smallest or largest tried also tries the next one beyond it
     # other schedulers and GPUs (cluster.py)
     nproc_per_run=1,  # processes per run: more than 1 launches each run with torchrun (DDP on that many GPUs)
     plan=False,  # print the command of every run still to do, one per line, for another scheduler; train nothing
@@ -62,6 +66,7 @@ DEFAULTS = {**TRAIN_DEFAULTS, **COMPARE_DEFAULTS, 'out_dir': 'out-compare'}
 DEFAULT_CONFIG = 'config/compare_shakespeare_char.py'  # what `python compare.py` alone runs
 BUNDLED = ('shakespeare_char', 'shakespeare')  # built from the corpus in the repo in seconds, so prepared on demand
 STOPPED_EXIT = 3  # train.py's exit status for a run that stopped
+MAX_EXTEND = 3  # --lr_extend tries at most this many rates beyond each edge of the grid
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -94,18 +99,70 @@ def plan(cfg):
     if cfg['init_from'] != 'scratch':
         raise UserError("compare.py resumes cut-off runs by itself; drop --init_from.")
     seeds = [cfg['seed'] + i for i in range(cfg['seeds'])]
+    grid = learning_rates(cfg)
     for v in variants:
-        check({**cfg, 'ffn': v, 'seed': seeds[-1]})  # the mistakes train.py would report, before anything runs
-    runs = [make_run(cfg, v, s, extra=wandb_names(cfg, v, s)) for v in variants for s in seeds]
+        for lr in grid or [None]:  # the mistakes train.py would report, before anything runs
+            check({**cfg, 'ffn': v, 'seed': seeds[-1], **({'learning_rate': lr} if lr else {})})
+    if not grid:
+        return variants, seeds, baseline, [make_run(cfg, v, s, extra=wandb_names(cfg, v, s)) for v in variants
+                                           for s in seeds]
+    runs = []
+    for v in variants:
+        rates = list(grid)
+        while True:  # with --lr_extend, a rate beyond the edge where the best one is, once the grid so far is done
+            of_v = [make_run(cfg, v, s, lr, extra=wandb_names(cfg, v, s, lr)) for lr in rates for s in seeds]
+            beyond = next_rate(cfg, of_v, rates, grid) if cfg['lr_extend'] else None
+            if beyond is None:
+                break
+            rates.append(beyond)
+        runs += of_v
     return variants, seeds, baseline, runs
 
 
-def wandb_names(cfg, variant, seed):
+def learning_rates(cfg):
+    """The rates of a sweep (sorted), or [] without one; the shared learning_rate is always among them."""
+    if cfg['lrs'] and cfg['lr_grid']:
+        raise UserError("--lrs lists the rates and --lr_grid makes them around learning_rate; give one of them.")
+    if cfg['lr_grid'] < 0:
+        raise UserError(f"--lr_grid must be at least 0, got {cfg['lr_grid']}.")
+    if cfg['lr_grid']:
+        return [cfg['learning_rate'] * 2.0 ** j for j in range(-cfg['lr_grid'], cfg['lr_grid'] + 1)]
+    try:
+        rates = sorted({float(r) for r in split_list(cfg['lrs'])})
+    except ValueError:
+        raise UserError(f"--lrs expects comma-separated numbers, e.g. 1e-3,2e-3,4e-3; got '{cfg['lrs']}'.") from None
+    if rates and not all(0 < r < float('inf') for r in rates):
+        raise UserError(f"--lrs must be finite rates above 0, got '{cfg['lrs']}'.")
+    if rates and cfg['learning_rate'] not in rates:
+        raise UserError(f"--lrs must include learning_rate={cfg['learning_rate']:g}, whose answer the sweep is compared "
+                        f"with; add it or set --learning_rate to one of them.")
+    if rates and cfg['eval_iters'] < 2:
+        raise UserError("a learning-rate sweep chooses on half of the validation batches and reports on the other "
+                        "half; give --eval_iters of at least 2.")
+    return rates
+
+
+def next_rate(cfg, runs, rates, grid):
+    """With every run of a variant finished: the rate beyond the edge of `rates` where its best one is (one step of the
+    grid further), or None when the best is inside, or MAX_EXTEND rates were added on that side already."""
+    states = {r['dir']: run_state(r) for r in runs}
+    if any(s not in ('done', 'stopped') for s in states.values()):
+        return None
+    edge = report.choose_rates(runs, states)[runs[0]['variant']]['edge']
+    low_step, high_step = (grid[1] / grid[0], grid[-1] / grid[-2]) if len(grid) > 1 else (2.0, 2.0)
+    if edge == 'low' and sum(r < grid[0] for r in rates) < MAX_EXTEND:
+        return min(rates) / low_step
+    if edge == 'high' and sum(r > grid[-1] for r in rates) < MAX_EXTEND:
+        return max(rates) * high_step
+    return None
+
+
+def wandb_names(cfg, variant, seed, lr=None):
     """With --wandb_log=True, the runs of one comparison share a wandb group (--wandb_group, or the out_dir's name)
     and each run is named and tagged by its variant and seed, so the dashboard can group, filter and average them."""
     if not cfg['wandb_log']:
         return {}
-    name = f"{variant}-seed{seed}"
+    name = f"{variant}-seed{seed}" + (f"-lr{lr:.3g}" if lr else '')
     return {'wandb_group': cfg['wandb_group'] or os.path.basename(os.path.abspath(cfg['out_dir'])),
             'wandb_run_name': f"{cfg['wandb_run_name']}-{name}" if cfg['wandb_run_name'] else name,
             'wandb_tags': ','.join(split_list(cfg['wandb_tags']) + [variant, f'seed{seed}'])}
@@ -173,7 +230,7 @@ class Job:
 
     @property
     def name(self):
-        return f"{self.run['variant']} seed {self.run['seed']}" + (f" (GPU {','.join(self.gpus)})" if self.gpus else '')
+        return name_of(self.run) + (f" (GPU {','.join(self.gpus)})" if self.gpus else '')
 
     def progress(self):
         log = read_log(self.log_path)
@@ -233,16 +290,15 @@ def train_all(todo, slots, threads, statuses, pbar):
                 if lock is None:
                     if run['dir'] not in waiting:
                         waiting.add(run['dir'])
-                        pbar.write(f"{run['variant']} seed {run['seed']}: {run['dir']} is in use by {owner}; "
-                                   f"waiting for it", file=sys.stderr)
+                        pbar.write(f"{name_of(run)}: {run['dir']} is in use by {owner}; waiting for it",
+                                   file=sys.stderr)
                     continue
                 pending.remove((run, mode))
                 state = run_state(run)  # another process may have trained it meanwhile
                 if state in ('done', 'stopped'):
                     lock.close()
                     statuses[run['dir']] = state
-                    pbar.write(f"{run['variant']} seed {run['seed']}: reused ({state} by another process)",
-                               file=sys.stderr)
+                    pbar.write(f"{name_of(run)}: reused ({state} by another process)", file=sys.stderr)
                     pbar.update(1)
                     continue
                 slot = free.pop(0)
@@ -292,45 +348,67 @@ def todo_of(runs, overwrite):
     return states, sorted(todo, key=lambda job: job[0]['seed'])  # seed by seed: each variant compiles once
 
 
-def run_comparison(cfg, checked=None):
+def run_comparison(cfg):
     """One comparison: plan the runs, reuse/resume/train them, write its report into out_dir; returns the summary
-    (None for --plan). `checked`: a plan already made (a ladder checks every size before it trains any)."""
-    variants, seeds, baseline, runs = checked or plan(cfg)
-    check_dataset(cfg)
-    states, todo = todo_of(runs, cfg['overwrite'])
-    if cfg['plan']:
-        return cluster.print_plan(todo, len(runs), cfg['threads'])
-    if cfg['report']:
-        cluster.check_finished(todo, len(runs))
-    gpus, jobs = cluster.resolve_jobs(cfg) if todo else ([], cfg['jobs'])
-    check_writable(cfg['out_dir'], create=True)
-    print(f"compare: {len(variants)} variants x {len(seeds)} seed(s) = {len(runs)} runs into {cfg['out_dir']} "
-          f"({len(runs) - len(todo)} to reuse, {len(todo)} to train"
-          + (f", {jobs} at a time on GPUs {','.join(gpus)}" if gpus and todo else '') + ')', file=sys.stderr)
-    t0, pbar = time.time(), progress_bar(len(runs), 'runs', unit='run')
-    statuses = {r['dir']: states[r['dir']] for r in runs if states[r['dir']] in ('done', 'stopped')}
-    for run in runs:
-        if run['dir'] in statuses:
-            how = 'finished' if statuses[run['dir']] == 'done' else 'stopped: see its train.out'
-            pbar.write(f"{run['variant']} seed {run['seed']}: reused ({how})", file=sys.stderr)
-            pbar.update(1)
-    train_all(todo, cluster.placement(jobs, gpus, cfg['nproc_per_run']), cfg['threads'], statuses, pbar)
-    pbar.close()
+    (None for --plan). A sweep with --lr_extend plans again once its runs are done: it may need a rate beyond an edge."""
+    t0, trained = time.time(), set()
+    while True:
+        variants, seeds, baseline, runs = plan(cfg)
+        check_dataset(cfg)
+        states, todo = todo_of(runs, cfg['overwrite'])
+        if cfg['plan']:
+            return cluster.print_plan(todo, len(runs), cfg['threads'])
+        if cfg['report']:
+            cluster.check_finished(todo, len(runs))
+        if not todo and trained:  # nothing more to train after what this command trained
+            break
+        statuses = train_runs(cfg, variants, seeds, runs, states, todo)
+        trained |= {r['dir'] for r, _ in todo}
+        if not todo:
+            break
     summary = write_report(cfg, variants, seeds, baseline, runs, statuses)
     print(f"wrote {cfg['out_dir']}/summary.md, summary.json, loss.png, acts.png ({time.time() - t0:.0f} s)",
           file=sys.stderr)
     return summary
 
 
+def train_runs(cfg, variants, seeds, runs, states, todo):
+    """Reuse the finished runs and train the others, N at a time; returns every run's status."""
+    gpus, jobs = cluster.resolve_jobs(cfg) if todo else ([], cfg['jobs'])
+    check_writable(cfg['out_dir'], create=True)
+    rates = len({r['lr'] for r in runs})
+    print(f"compare: {len(variants)} variants x {len(seeds)} seed(s)" + (f" x {rates} rates" if rates > 1 else '')
+          + f" = {len(runs)} runs into {cfg['out_dir']} ({len(runs) - len(todo)} to reuse, {len(todo)} to train"
+          + (f", {jobs} at a time on GPUs {','.join(gpus)}" if gpus and todo else '') + ')', file=sys.stderr)
+    pbar = progress_bar(len(runs), 'runs', unit='run')
+    statuses = {r['dir']: states[r['dir']] for r in runs if states[r['dir']] in ('done', 'stopped')}
+    for run in runs:
+        if run['dir'] in statuses:
+            how = 'finished' if statuses[run['dir']] == 'done' else 'stopped: see its train.out'
+            pbar.write(f"{name_of(run)}: reused ({how})", file=sys.stderr)
+            pbar.update(1)
+    train_all(todo, cluster.placement(jobs, gpus, cfg['nproc_per_run']), cfg['threads'], statuses, pbar)
+    pbar.close()
+    return statuses
+
+
+def name_of(run):
+    return f"{run['variant']} seed {run['seed']}" + (f" lr {run['lr']:.3g}" if run['lr'] is not None else '')
+
+
 def write_report(cfg, variants, seeds, baseline, runs, statuses):
     """summary.json, summary.md, loss.png and acts.png into out_dir; the table (the results) on stdout."""
-    summary, by_variant = report.summarize(cfg, variants, seeds, baseline, runs, statuses)
+    sweep = any(r['lr'] is not None for r in runs)
+    summarize = report.summarize_sweep if sweep else report.summarize
+    summary, by_variant = summarize(cfg, variants, seeds, baseline, runs, statuses)
+    if sweep:
+        plots.lr(os.path.join(cfg['out_dir'], 'lr.png'), summary)
     if summary['damaged_lines']:
         print("compare: damaged log lines set aside (not JSON records as train.py writes them): " + ', '.join(
             f"{n} in {path}" for path, n in summary['damaged_lines'].items()), file=sys.stderr)
     plots.loss(os.path.join(cfg['out_dir'], 'loss.png'), summary, by_variant, cfg['smooth'])
-    # what each variant's activation became (its first seed): acts.png, and how far it moved, for summary.md
-    first_seed = {v: next(r['dir'] for r in runs if r['variant'] == v) for v in variants}
+    # what each variant's activation became (its first seed, at its best rate): acts.png, and how far it moved
+    first_seed = {v: s['runs'][0]['dir'] for v, s in summary['variants'].items()}
     summary['acts'] = inspect_run.compare(cfg['out_dir'], first_seed, cfg['data_dir'])
     write_json(os.path.join(cfg['out_dir'], 'summary.json'), summary)
     report.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), summary)
@@ -350,7 +428,7 @@ def run_ladder(cfg):
     if cfg['report']:  # every size finished, or nothing is written
         for p in plans:
             cluster.check_finished(todo_of(p[3], cfg['overwrite'])[1], len(p[3]))
-    summaries = [run_comparison({**cfg, **s['settings']}, checked=p) for s, p in zip(sizes, plans)]
+    summaries = [run_comparison({**cfg, **s['settings']}) for s in sizes]
     if cfg['plan']:  # the runs of every size are listed; the ladder's report waits for them
         return
     lad = ladder.summarize(cfg, sizes, summaries)

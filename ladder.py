@@ -3,8 +3,12 @@ A scaling ladder: the same comparison at several model sizes, and what the trend
 
     size_settings(cfg)       --sizes '2x64,3x96,4x128' -> each size's settings: shape, token budget, learning rate
     summarize(...)           per variant and size: final loss over seeds, the paired gap to the baseline, N and FLOPs;
-                             per variant: the gap's trend with ln N and the power-law fit L(N) = E + A·N^(−α)
+                             per variant: the gap's trend with ln N, the power-law fit L(N) = E + A·N^(−α), and (4+
+                             sizes) the effective compute multiplier against the baseline's loss-vs-compute law
     write_markdown(...)      the ladder's summary.md (plots.ladder draws ladder.png)
+
+With a learning-rate sweep (--lrs or --lr_grid) every size chooses each variant's own best rate, and every point of the
+ladder is that variant at that rate (reported on the validation windows the choice did not read).
 
 compare.py runs each size as an ordinary comparison in <out_dir>/<n_layer>x<n_embd>/ (reused and resumed like any),
 so a ladder is extended by adding a size. N is the non-embedding parameter count (Kaplan et al. 2020); training FLOPs
@@ -20,6 +24,7 @@ from report import fmt_count, meta_model, scale_counts, time_verdict
 from rundir import write_text
 
 BOOTSTRAP_MIN_SEEDS = 5  # fewer values have too few distinct resamples for a percentile interval
+EXTRAPOLATE = 10  # the compute multiplier is also given at this many times the largest size's compute
 HEAD_SIZE = 32  # the head size n_head is chosen for when a size does not name it (kept within 16-64 and even)
 
 
@@ -119,7 +124,8 @@ def summarize(cfg, sizes, summaries):
         for size, summ in zip(sizes, summaries):
             sv, sb = summ['variants'][v], summ['variants'][baseline]
             gaps = seed_gaps(sv, sb)
-            points.append({'size': size['name'], 'N': sv['scale']['non_embedding'],
+            points.append({'size': size['name'], 'N': sv['scale']['non_embedding'], 'n_embd': size['n_embd'],
+                           'best_lr': summ['lr'][v]['best'] if summ.get('lr') else None, 'tok_s': sv['tok_s'],
                            'N_active': sv['scale']['non_embedding_active'],
                            'flops': sv['scale']['flops_per_token'] * sv['tokens'],
                            'final_val_loss': sv['final_val_loss'], 'seed_losses': [r['final_val_loss'] for r in sv['runs']],
@@ -133,7 +139,29 @@ def summarize(cfg, sizes, summaries):
             'fit': stats.power_law_fit([p['N'] for p in points for _ in p['seed_losses']],
                                        [x for p in points for x in p['seed_losses']]),
         }
+    base = out['variants'][baseline]['points']
+    meaningful = all(s['compiled'] == 'on' or str(s['settings']['device']).startswith('cuda') for s in summaries)
+    for v in variants:
+        out['variants'][v]['multiplier'] = None if v == baseline else multiplier(base, out['variants'][v]['points'],
+                                                                                  meaningful)
     return out
+
+
+def multiplier(base, points, times_meaningful):
+    """The effective compute multiplier of a variant per size and at EXTRAPOLATE x the largest compute
+    (stats.compute_multiplier), and, where times mean something (compiled or on a GPU), the effective speedup:
+    the multiplier times the variant's tokens/s over the baseline's."""
+    done = lambda ps: [(p['flops'], p['seed_losses']) for p in ps]
+    if any(None in p['seed_losses'] for p in base + points):  # a stopped seed: no loss to fit
+        return None
+    m = stats.compute_multiplier(done(base), done(points), EXTRAPOLATE * max(p['flops'] for p in base))
+    if m is None:
+        return None
+    for p, b, mp in zip(points, base, m['per_size']):
+        speed = p['tok_s'] / b['tok_s'] if p['tok_s'] and b['tok_s'] else None
+        mp['speedup'] = mp['multiplier'] * speed if speed and mp['multiplier'] else None
+    m['times'] = 'compiled or GPU' if times_meaningful else 'eager (CPU): the speedup is an eager one'
+    return m
 
 
 def seed_gaps(sv, sb):
@@ -162,6 +190,33 @@ def fmt_matched(m):
     reach = (f"not reached ({m['reached']} of {m['seeds']})" if m['seconds_ratio'] is None else
              f"{m['seconds_ratio']:.2f}x s, {m['flops_ratio']:.2f}x FLOPs")
     return f'{reach}; {time_verdict(m)}'
+
+
+def fmt_x(point):
+    if point is None or point['multiplier'] is None:
+        return '–'
+    ci = point.get('ci')
+    return f"{point['multiplier']:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and None not in ci else '')
+
+
+def multiplier_section(lad):
+    rows = [(v, lv['multiplier']) for v, lv in lad['variants'].items() if lv.get('multiplier')]
+    if not rows:
+        return ['', '## Effective compute multiplier', '', "Needs at least 4 sizes (a 3-parameter law for the "
+                "baseline's loss against compute) and every seed finished."]
+    sz = lad['sizes']
+    return (['', '## Effective compute multiplier', '',
+             f"The baseline's final loss against training compute is fitted as L(C) = E + A·C^(−α); a variant that reaches "
+             f"loss L with compute C is worth C_{lad['baseline']}(L) / C: the compute {lad['baseline']} would need for that "
+             f"loss, over what the variant used (> 1: worth more compute). Per size from the variant's mean loss, and at "
+             f"{EXTRAPOLATE}x the largest size's compute from the variant's own fitted law. [95% interval: a bootstrap "
+             f"over seeds widened to a t interval.] Speedup: the multiplier times the variant's tokens/s over the "
+             f"baseline's, {rows[0][1]['times']}.", '',
+             '| variant | ' + ' | '.join(s['name'] for s in sz) + f" | at {EXTRAPOLATE}x compute | speedup per size |",
+             '|---|' + '---:|' * (len(sz) + 2)]
+            + [f"| {v} | " + ' | '.join(fmt_x(p) for p in m['per_size']) + f" | {fmt_x(m['at_budget'])} | "
+               + ', '.join('–' if p['speedup'] is None else f"{p['speedup']:.2f}x" for p in m['per_size']) + ' |'
+               for v, m in rows])
 
 
 def write_markdown(path, lad):
@@ -201,6 +256,7 @@ def write_markdown(path, lad):
               "Least-squares fit (scipy.optimize.curve_fit) to every seed's final loss, ± one standard error; only with "
               "at least 4 sizes (3 parameters).", '']
     lines += [f"- {v}: {fmt_fit(lv['fit'])}" for v, lv in lad['variants'].items()]
+    lines += multiplier_section(lad)
     lines += ['', '## Compute- and time-matched, per size', '',
               f"Seconds (and FLOPs) to reach {base}'s final loss as a multiple of {base}'s, and which way the "
               f"time-matched comparison goes (see each size's summary.md).", '', head, rule]

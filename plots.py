@@ -77,11 +77,12 @@ def loss(path, summary, by_variant, smooth):
 
 
 def ladder(path, lad):
-    """Final loss against non-embedding parameters and against training FLOPs, and each variant's gap to the
-    baseline against N with its 95% interval."""
+    """Final loss against non-embedding parameters and against training FLOPs, each variant's gap to the baseline
+    against N with its 95% interval, and (with a sweep) each variant's best learning rate against the width."""
     plt = pyplot()
     from matplotlib.ticker import FormatStrFormatter, NullFormatter
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5), dpi=110)
+    sweep = any(p['best_lr'] for lv in lad['variants'].values() for p in lv['points'])
+    fig, axes = plt.subplots(1, 4 if sweep else 3, figsize=(22 if sweep else 17, 5), dpi=110)
     colors = plt.get_cmap('tab10').colors
     for i, (v, lv) in enumerate(lad['variants'].items()):
         c, pts = colors[i % len(colors)], [p for p in lv['points'] if p['final_val_loss']]
@@ -100,6 +101,11 @@ def ladder(path, lad):
             t = lv['trend']
             axes[2].errorbar(x, mean, yerr=[lo, hi], color=c, marker='o', capsize=3,
                              label=v + (f" ({t['verdict']})" if t else ''))
+        if sweep:
+            axes[3].plot([p['n_embd'] for p in pts], [p['best_lr'] for p in pts], color=c, marker='o', label=v)
+    if sweep:
+        axes[3].set(xscale='log', yscale='log', xlabel='width n_embd', ylabel='best peak learning rate',
+                    title='each variant\'s best rate per size')
     axes[2].axhline(0.0, color='k', linewidth=0.8)
     axes[0].set(xscale='log', yscale='log', xlabel='non-embedding parameters N', ylabel='final validation loss',
                 title='loss vs N (mean ± std over seeds)')
@@ -116,6 +122,33 @@ def ladder(path, lad):
         ax.legend(fontsize=8)
     fig.suptitle(f"{lad['dataset']}: {len(lad['variants'])} FFN variants x {len(lad['seeds'])} seed(s) x "
                  f"{len(lad['sizes'])} sizes ({lad['token_rule']}, lr {lad['lr_rule']})")
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def lr(path, summary):
+    """A learning-rate sweep: each variant's final validation loss (report half, mean over seeds, min-max band) against
+    the rate, its best rate (chosen on the other half) starred, the shared rate dashed."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    colors = plt.get_cmap('tab10' if len(summary['lr']) <= 10 else 'tab20').colors
+    for i, (v, x) in enumerate(summary['lr'].items()):
+        pts = [(r, x['report'][repr(r)]) for r in x['rates'] if x['report'][repr(r)]]
+        if not pts:
+            continue
+        rates = [r for r, _ in pts]
+        c = colors[i % len(colors)]
+        ax.plot(rates, [s['mean'] for _, s in pts], color=c, marker='.', label=v)
+        ax.fill_between(rates, [s['min'] for _, s in pts], [s['max'] for _, s in pts], color=c, alpha=0.15, linewidth=0)
+        best = x['report'][repr(x['best'])]
+        if best:
+            ax.plot([x['best']], [best['mean']], marker='*', markersize=14, color=c, markeredgecolor='k')
+    ax.axvline(summary['shared_lr'], color='0.4', linestyle='--', linewidth=1, label=f"shared rate {summary['shared_lr']:.3g}")
+    ax.set(xscale='log', xlabel='peak learning rate', ylabel='final validation loss (second half of the windows)',
+           title='loss against learning rate; ★ best rate, chosen on the first half')
+    ax.grid(alpha=0.3, which='both')
+    ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)

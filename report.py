@@ -2,6 +2,10 @@
 The report of one comparison, computed from its runs' log.jsonl files (and the models' shapes) alone, so the same runs
 always give the same summary: per-run metrics, statistics over seeds, the paired and the compute- and time-matched
 verdicts against the baseline, what the learnable activations learned, summary.md and the printed table.
+
+With a learning-rate sweep (compare.py --lrs or --lr_grid) every variant is compared at its own best rate: the rate is
+chosen on the first half of the validation windows (train.py logs both halves, `val_halves`) and the comparison at the
+chosen rates is reported on the second half, which the choice never reads, beside the answer at the shared rate.
 """
 import math
 import os
@@ -201,6 +205,69 @@ def matched(runs, base_runs, scale, base_scale):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# a learning-rate sweep: each variant at its own best rate
+
+SELECT, REPORT = 0, 1  # the halves of the validation windows that choose a rate and that report the comparison
+
+
+def final_half(run, status, half):
+    """A run's final validation loss on one half of the windows; None where it did not finish (a diverged run)."""
+    evals = [r for r in read_log_lines(os.path.join(run['dir'], 'log.jsonl'))[0] if 'val_halves' in r]
+    done = status == 'done' and evals and evals[-1]['iter'] == run['settings']['max_iters']
+    return evals[-1]['val_halves'][half] if done else None
+
+
+def choose_rates(runs, statuses):
+    """Per variant: its best rate (stats.choose_rate on the selection half only) and the losses behind the choice."""
+    by = {}
+    for run in runs:
+        by.setdefault(run['variant'], {}).setdefault(run['lr'], []).append(final_half(run, statuses[run['dir']], SELECT))
+    return {v: stats.choose_rate(losses) for v, losses in by.items()}
+
+
+def summarize_sweep(cfg, variants, seeds, baseline, runs, statuses):
+    """The comparison at each variant's own best rate and at the shared rate, both on the report half, and per variant
+    what the sweep found: the report half's loss at every rate, the choice, and how sensitive the loss is to it."""
+    chosen = choose_rates(runs, statuses)
+    report_half = lambda r: r['val_halves'][REPORT]
+    at = lambda rate_of: [r for r in runs if r['lr'] == rate_of(r['variant'])]
+    summary, by_variant = summarize(cfg, variants, seeds, baseline, at(lambda v: chosen[v]['best']), statuses, report_half)
+    shared, _ = summarize(cfg, variants, seeds, baseline, at(lambda v: cfg['learning_rate']), statuses, report_half)
+    summary['shared'] = {v: {k: s[k] for k in ('final_val_loss', 'diff_to_baseline', 'status')}
+                         for v, s in shared['variants'].items()}
+    summary['lr'] = {}
+    for v in variants:
+        rates = sorted({r['lr'] for r in runs if r['variant'] == v})
+        loss = {lr: mean_std([final_half(r, statuses[r['dir']], REPORT) for r in runs
+                              if r['variant'] == v and r['lr'] == lr]) for lr in rates}
+        best = chosen[v]['best']
+        near = lambda f: next((loss[r]['mean'] - loss[best]['mean'] for r in rates if math.isclose(r, f * best)
+                               and loss[r] and loss[best]), None)
+        summary['lr'][v] = {'rates': rates, 'best': best, 'edge': chosen[v]['edge'], 'select_mean': chosen[v]['mean'],
+                            'report': {repr(r): loss[r] for r in rates}, 'sensitivity': {'half': near(0.5), 'double': near(2)}}
+    summary['shared_lr'] = cfg['learning_rate']
+    return summary, by_variant
+
+
+def lr_section(summary):
+    base, lr = summary['baseline'], summary['lr']
+    rows = [f"| {v} | {', '.join(f'{r:.3g}' for r in x['rates'])} | **{x['best']:.3g}**"
+            + (f" ({x['edge']} edge)" if x['edge'] else '') + f" | {fmt_loss(x['sensitivity']['half'], signed=True)} | "
+            f"{fmt_loss(x['sensitivity']['double'], signed=True)} | {fmt_mean_std(summary['shared'][v]['final_val_loss'])} | "
+            f"{'baseline' if v == base else fmt_mean_std(summary['shared'][v]['diff_to_baseline'], signed=True)} |"
+            for v, x in lr.items()]
+    return ['## Learning rates', '',
+            f"Every variant trained at every rate; its best rate is chosen by the mean over seeds of the final loss on "
+            f"the first half of the validation windows, and every loss in this summary is on the second half, which "
+            f"the choice never reads. min_lr keeps its ratio to the rate. An edge: the best rate is the smallest or "
+            f"largest tried (--lr_extend=True tries the next one beyond it). Sensitivity: the loss at ½x and 2x the "
+            f"best rate minus the loss at it. At the shared rate ({summary['shared_lr']:.3g}): the comparison as it is "
+            f"without a sweep, every variant at that one rate.", '', '![loss against learning rate](lr.png)', '',
+            f'| variant | rates tried | best | ½x best | 2x best | at the shared rate | Δ vs {base} at the shared rate |',
+            '|---|---|---|---:|---:|---:|---:|'] + rows + ['']
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # summary.md and the printed table
 
 
@@ -228,9 +295,11 @@ def times_note(summary):
 
 
 def table(summary):
-    base = summary['baseline']
+    base, lr = summary['baseline'], summary.get('lr')
     rows = [f'| variant | params | FFN | extras per model | final val loss (mean ± std) | Δ vs {base} (± std) | '
             f'resolved? | tok/s | train time |', '|---|---:|---:|---:|---:|---:|:---:|---:|---:|']
+    if lr:  # a sweep: each variant at its own best rate
+        rows = [rows[0].replace('| variant |', '| variant | best lr |'), rows[1].replace('|---|', '|---|---:|', 1)]
     for v, s in summary['variants'].items():
         p, d = s['params'], s['diff_to_baseline']
         val = fmt_mean_std(s['final_val_loss']) + ('' if s['status'] == 'done' else ' (stopped)')
@@ -239,7 +308,8 @@ def table(summary):
             f"{'yes' if d['resolved'] else 'no'}" + (f" (t={d['t']:.1f})" if d['t'] is not None else ''))
         total = fmt_count(p['total']) + (f" ({fmt_count(p['active'])} active)" if p['active'] != p['total'] else '')
         tok_s = '–' if s['tok_s'] is None else format(s['tok_s'], ',.0f')
-        rows.append(f"| {v} | {total} | {fmt_count(p['ffn'])} | {p['extras']:,} | {val} | {diff} | {res} | {tok_s} | "
+        name = f"{v} | {lr[v]['best']:.3g}" if lr else v
+        rows.append(f"| {name} | {total} | {fmt_count(p['ffn'])} | {p['extras']:,} | {val} | {diff} | {res} | {tok_s} | "
                     f"{s['train_time_s']:.1f} s |")
     return '\n'.join(rows)
 
@@ -333,6 +403,8 @@ def write_markdown(path, summary):
     lines = [f"# FFN comparison on {summary['dataset']}", '',
              f"{len(summary['variants'])} variants x {len(summary['seeds'])} seed(s) "
              f"({', '.join(map(str, summary['seeds']))}), {tokens:,} training tokens per run."
+             + (" Each variant at its own best learning rate (see Learning rates), scored on the second half of the "
+                "validation windows." if summary.get('lr') else '')
              + (" Checked from the logs: every variant saw the same training batches per seed (batch_hash) and all "
                 "runs the same validation windows (val_hash)." if same else ''), '',
              'Settings: ' + ', '.join(f'{k}={v}' for k, v in summary['settings'].items()), '', table(summary), '',
@@ -351,6 +423,7 @@ def write_markdown(path, summary):
         lines += ['WARNING: runs were evaluated on different validation windows (val_hash differs).', '']
     lines += [f"{v} seed {r['seed']} stopped at iteration {r['iters']} (see {r['dir']}/train.out).\n"
               for v, s in summary['variants'].items() for r in s['runs'] if r['status'] != 'done']
+    lines += lr_section(summary) if summary.get('lr') else []
     lines += matched_section(summary)
     learned = learned_section(summary)
     if learned:

@@ -8,10 +8,13 @@ The statistics behind compare.py's verdicts, from scipy rather than hand-typed t
                                    et al. 2022 add the data term), with standard errors; only with >= 4 sizes
     reach(x, loss, target)         where a loss curve first reaches a target, linearly interpolated
     loss_at(x, loss, budget)       the loss of a curve at a budget (tokens, FLOPs or seconds), linearly interpolated
+    choose_rate(losses)            the learning rate with the lowest mean loss over seeds, and whether it is at an edge
+    compute_multiplier(...)        the compute a baseline needs for a variant's loss, over the variant's compute
 
 Every function takes plain lists and returns plain JSON-able values (None where a number cannot be had).
 """
 import math
+import statistics
 
 import numpy as np
 from scipy import optimize, stats
@@ -123,3 +126,60 @@ def loss_at(x, loss, budget):
     if budget >= x[-1]:
         return float(loss[-1])
     return float(np.interp(budget, x, loss))
+
+
+def choose_rate(losses):
+    """losses: {rate: [final loss per seed, None for a run that failed]}. The rate whose mean over seeds is lowest (a
+    rate with a failed seed counts as a failure, never a choice unless every rate failed); 'edge': 'low' or 'high'
+    when that is the smallest or largest rate tried (the optimum may lie beyond), else None."""
+    mean = {r: statistics.fmean(v) if v and None not in v and all(map(math.isfinite, v)) else math.inf
+            for r, v in losses.items()}
+    rates = sorted(mean)
+    best = min(rates, key=lambda r: (mean[r], r))
+    edge = None if len(rates) < 2 else 'low' if best == rates[0] else 'high' if best == rates[-1] else None
+    return {'best': best, 'edge': edge, 'mean': {repr(r): m for r, m in mean.items()}}
+
+
+def compute_for_loss(fit, loss):
+    """The training compute at which a fitted law L(C) = E + A·C^(−α) reaches `loss`: (A / (loss − E))^(1/α), or
+    inf where loss is at or below its floor E."""
+    return (fit['A'] / (loss - fit['E'])) ** (1 / fit['alpha']) if loss > fit['E'] else math.inf
+
+
+def compute_multiplier(base_points, var_points, budget, n_boot=1000, seed=0):
+    """The effective compute multiplier of a variant (Marin's "effective speedup" before time): with the baseline's
+    loss-vs-compute law L_b(C) = E + A·C^(−α) fitted over its sizes, a variant that reaches loss L_v with compute C_v
+    is worth C_b(L_v) / C_v, the compute the baseline needs for that loss over what the variant used (> 1: the
+    variant is worth that much more compute). Per size, from the variant's mean loss; and at `budget` (a compute past
+    the ladder), from the variant's own fitted law L_v(budget). Points: [(compute, [loss per seed])] per size, seeds
+    in the same order for both (seed i trained on the same batches). The intervals resample seeds, paired across
+    sizes and variants (a bootstrap, Efron 1979), widened to a t interval (so 2 seeds give a wide one, honestly).
+    None where a fit is not identifiable."""
+    def multipliers(pick):
+        b = [(c, statistics.fmean([ls[i] for i in pick])) for c, ls in base_points]
+        v = [(c, statistics.fmean([ls[i] for i in pick])) for c, ls in var_points]
+        fb, fv = power_law_fit(*zip(*b)), power_law_fit(*zip(*v))
+        if not (fb['identifiable'] and fv['identifiable']):
+            return None
+        at = [compute_for_loss(fb, loss) / c for c, loss in v]
+        return at + [compute_for_loss(fb, power_law(budget, fv['E'], fv['A'], fv['alpha'])) / budget]
+
+    n_seeds = min(len(ls) for _, ls in base_points + var_points)
+    point = multipliers(list(range(n_seeds)))
+    if point is None:
+        return None
+    # the interval: the spread of ln(multiplier) over seed resamples, as a standard error, widened to a t interval
+    # with n_seeds − 1 degrees of freedom (a plain percentile bootstrap of 2-4 seeds covers far less than 95%)
+    rng = np.random.default_rng(seed)
+    boots = np.log([m for m in (multipliers(list(rng.integers(0, n_seeds, n_seeds))) for _ in range(n_boot)) if m])
+    finite = lambda x: float(x) if x is not None and math.isfinite(x) else None  # inf: below the baseline's floor
+    out = []
+    for k, m in enumerate(point):
+        col = boots[:, k] if len(boots) > 1 and n_seeds > 1 else np.array([])
+        col = col[np.isfinite(col)]
+        if len(col) < 2 or not math.isfinite(m):
+            out.append({'multiplier': finite(m), 'ci': None})
+            continue
+        half = stats.t.ppf(0.5 + CONFIDENCE / 2, n_seeds - 1) * col.std(ddof=1) * math.sqrt(n_seeds / (n_seeds - 1))
+        out.append({'multiplier': finite(m), 'ci': [math.exp(math.log(m) - half), math.exp(math.log(m) + half)]})
+    return {'per_size': out[:-1], 'at_budget': {**out[-1], 'compute': budget}, 'seeds': n_seeds, 'bootstrap': len(boots)}

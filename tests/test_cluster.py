@@ -69,6 +69,8 @@ def test_eight_runs_on_four_gpus_are_two_per_gpu(four_gpus):
     assert cluster.placement(4, four_gpus, 2) == [['4', '5'], ['6', '7'], ['4', '5'], ['6', '7']]
     assert cluster.gpu_env(['6', '7'])['CUDA_VISIBLE_DEVICES'] == '6,7'
     assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cpu', jobs=0)) == ([], 1)
+    # on a CPU with one thread per run: one run per core (each core one single-threaded run)
+    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cpu', jobs=0, threads=1)) == ([], os.cpu_count())
     assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cuda:1', jobs=3)) == ([], 3)  # the user's choice
     assert cluster.gpu_env(None) == {}
     with pytest.raises(UserError, match='nproc_per_run=8'):

@@ -87,39 +87,43 @@ TINY = ['--block_size=32', '--batch_size=4', '--max_iters=4', '--lr_decay_iters=
 
 
 @pytest.mark.slow
-def test_tiny_ladder_end_to_end_and_reused(shakespeare_char_dir, tmp_path):
+def test_tiny_ladder_with_tuned_rates_end_to_end_and_reused(shakespeare_char_dir, tmp_path):
+    """4 sizes x 2 variants x 2 seeds x 3 rates (--lr_grid=1): every size chooses each variant's rate, the points are
+    the tuned runs, the power law and the compute multiplier have 4 sizes to stand on; then the same command reuses
+    every run."""
     out = str(tmp_path / 'ladder')
+    sizes = ['1x16', '1x32', '1x48', '1x64']
     argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--variants=gelu,polynorm', '--seeds=2',
-            '--sizes=1x16,1x32', *TINY]
-    with contextlib.redirect_stdout(io.StringIO()):
+            f'--sizes={",".join(sizes)}', '--lr_grid=1', '--learning_rate=4e-3', '--min_lr=4e-4', *TINY]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         compare.main(argv)
     with open(os.path.join(out, 'summary.json')) as f:
         lad = json.load(f)
-    assert [s['name'] for s in lad['sizes']] == ['1x16', '1x32']
+    assert [s['name'] for s in lad['sizes']] == sizes
     assert os.path.getsize(os.path.join(out, 'ladder.png')) > 0
     md = open(os.path.join(out, 'summary.md')).read()
-    assert '| 1x16 |' in md and '| 1x32 |' in md and 'not identifiable' in md
-    for size in ('1x16', '1x32'):  # each size is an ordinary comparison with its own report
-        assert os.path.exists(os.path.join(out, size, 'summary.md'))
-    n_embd = {'1x16': 16, '1x32': 32}
+    assert all(f'| {s} |' in md for s in sizes) and '## Effective compute multiplier' in md
+    n_embd = {'1x16': 16, '1x32': 32, '1x48': 48, '1x64': 64}
     for v in ('gelu', 'polynorm'):
         for p in lad['variants'][v]['points']:
-            # the FLOPs axis: the model's count per token x the tokens trained
-            args = torch.load(os.path.join(out, p['size'], v, 'seed1337', 'ckpt.pt'), weights_only=True)['model_args']
+            size = json.load(open(os.path.join(out, p['size'], 'summary.json')))
+            assert p['best_lr'] == size['lr'][v]['best'] and p['best_lr'] in (2e-3, 4e-3, 8e-3)
+            run = size['variants'][v]['runs'][0]['dir']  # the first seed at the chosen rate
+            assert f"lr{p['best_lr']:.3g}" in run
+            args = torch.load(os.path.join(run, 'ckpt.pt'), weights_only=True)['model_args']
             assert args['n_embd'] == n_embd[p['size']]
             model = GPT(GPTConfig(**args))
-            log = [json.loads(l) for l in open(os.path.join(out, p['size'], v, 'seed1337', 'log.jsonl'))]
-            assert p['flops'] == model.flops_per_token() * log[-1]['tokens']
+            log = [json.loads(l) for l in open(os.path.join(run, 'log.jsonl'))]
+            assert p['flops'] == model.flops_per_token() * log[-1]['tokens']  # the model's count x the tokens
             assert p['N'] == sum(q.numel() for n, q in model.named_parameters() if not n.startswith('transformer.w'))
-            assert len(p['seed_losses']) == 2
+            assert p['seed_losses'] == [log[-1]['val_halves'][1]] + p['seed_losses'][1:]  # the report half
     poly = lad['variants']['polynorm']
-    assert all(p['matched'] is not None for p in poly['points'])
-    gaps = [g for p in poly['points'] for g in p['seed_gaps']]
-    assert poly['trend']['points'] == len(gaps) == 4
-    # the same command again trains nothing: every run of both sizes is reused
+    assert poly['trend']['points'] == 8 and len(poly['multiplier']['per_size']) == 4
+    assert poly['multiplier']['at_budget']['compute'] == 10 * max(p['flops'] for p in lad['variants']['gelu']['points'])
+    # the same command again trains nothing: every run of every size is reused
     buf = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(buf):  # progress is on stderr
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(buf):
         compare.main(argv)
-    assert buf.getvalue().count('(4 to reuse, 0 to train)') == 2
+    assert buf.getvalue().count('(12 to reuse, 0 to train)') == 4
     with open(os.path.join(out, 'summary.json')) as f:
         assert json.load(f) == lad

@@ -1,0 +1,137 @@
+"""Learning-rate sweeps (compare.py --lrs / --lr_grid / --lr_extend): on synthetic finished runs with known optima the
+chosen rates are right, an edge optimum is flagged and the extension walks to the interior, and the choice never reads
+the half of the validation windows the comparison is reported on; then (slow) a tiny sweep end to end."""
+import contextlib
+import io
+import json
+import math
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import compare  # noqa: E402
+import report  # noqa: E402
+import runs as runs_py  # noqa: E402
+from configurator import UserError  # noqa: E402
+from test_hostile import TINY, call  # noqa: E402
+
+OPTIMA = {'gelu': 8e-3, 'swiglu': 2e-3}  # the known best rate of each variant in the synthetic losses below
+
+
+def settings(out, *extra):
+    return compare.settings([f'--out_dir={out}', '--variants=gelu,swiglu', '--seeds=2', '--max_iters=4',
+                             '--eval_interval=2', *TINY, '--lrs=1e-3,2e-3,4e-3', '--learning_rate=2e-3', *extra])
+
+
+def finish(run, select, report_half):
+    """Make `run` look finished, as train.py leaves it: its record and a log whose last evaluation has these halves."""
+    os.makedirs(run['dir'], exist_ok=True)
+    with open(os.path.join(run['dir'], runs_py.RECORD), 'w') as f:
+        json.dump({'settings': run['settings'], 'processes': 1, 'status': 'done'}, f)
+    last = {'iter': run['settings']['max_iters'], 'tokens': 512, 'loss': 3.0, 'ms': 1.0, 'tok_s': 1e5,
+            'val_loss': (select + report_half) / 2, 'val_halves': [select, report_half], 'val_hash': 'v',
+            'batch_hash': f"b{run['seed']}"}
+    with open(os.path.join(run['dir'], 'log.jsonl'), 'w') as f:
+        f.write(json.dumps({'iter': 0, 'tokens': 0, 'val_loss': 4.4, 'val_halves': [4.4, 4.4]}) + '\n')
+        f.write(json.dumps(last) + '\n')
+
+
+def u_loss(run, half):
+    """A U in log2(rate) around the variant's optimum, a little seed noise; the report half is deliberately opposite."""
+    x = math.log2(run['lr'] / OPTIMA[run['variant']])
+    return 2.0 + (0.05 if half == 0 else -0.05) * x * x + 0.001 * (run['seed'] % 2)
+
+
+def train_synthetically(cfg):
+    """Plan, 'train' every run still to do with the synthetic losses, and plan again until nothing is left."""
+    while True:
+        planned = compare.plan(cfg)[3]
+        todo = [r for r in planned if runs_py.run_state(r) != 'done']
+        if not todo:
+            return planned
+        for r in todo:
+            finish(r, u_loss(r, 0), u_loss(r, 1))
+
+
+def test_the_chosen_rates_are_the_known_optima_and_an_edge_is_extended_to_the_interior(tmp_path):
+    cfg = settings(tmp_path / 'cmp', '--lr_extend=True')
+    planned = train_synthetically(cfg)
+    statuses = {r['dir']: 'done' for r in planned}
+    chosen = report.choose_rates(planned, statuses)
+    assert {v: c['best'] for v, c in chosen.items()} == OPTIMA and not any(c['edge'] for c in chosen.values())
+    # gelu's optimum (8e-3) lay beyond the grid: two rates were added above it, the second one past the optimum;
+    # swiglu's (2e-3) was inside: nothing added
+    assert sorted({r['lr'] for r in planned if r['variant'] == 'gelu'}) == [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
+    assert sorted({r['lr'] for r in planned if r['variant'] == 'swiglu'}) == [1e-3, 2e-3, 4e-3]
+
+
+def test_without_extension_an_edge_optimum_is_flagged(tmp_path):
+    cfg = settings(tmp_path / 'cmp')
+    planned = train_synthetically(cfg)
+    chosen = report.choose_rates(planned, {r['dir']: 'done' for r in planned})
+    assert chosen['gelu'] == {**chosen['gelu'], 'best': 4e-3, 'edge': 'high'} and chosen['swiglu']['edge'] is None
+
+
+def test_the_extension_is_bounded(tmp_path):
+    global OPTIMA
+    far = dict(OPTIMA, gelu=1.0)  # an optimum no bounded walk reaches
+    old, OPTIMA = OPTIMA, far
+    try:
+        planned = train_synthetically(settings(tmp_path / 'cmp', '--lr_extend=True'))
+    finally:
+        OPTIMA = old
+    rates = sorted({r['lr'] for r in planned if r['variant'] == 'gelu'})
+    assert len(rates) == 3 + compare.MAX_EXTEND and rates[-1] == pytest.approx(4e-3 * 2 ** compare.MAX_EXTEND)
+
+
+def test_the_report_half_cannot_influence_the_choice(tmp_path):
+    """The same selection halves with two opposite report halves: the same choice, and the reported losses are the
+    report half's."""
+    cfg = settings(tmp_path / 'cmp')
+    planned = compare.plan(cfg)[3]
+    statuses = {r['dir']: 'done' for r in planned}
+    choices = []
+    for sign in (1, -1):
+        for r in planned:
+            finish(r, u_loss(r, 0), 2.0 + sign * 0.3 * math.log2(r['lr'] / 1e-3))
+        choices.append(report.choose_rates(planned, statuses))
+        summary, _ = report.summarize_sweep(cfg, ['gelu', 'swiglu'], [1337, 1338], 'gelu', planned, statuses)
+        best = summary['lr']['gelu']['best']
+        expected = 2.0 + sign * 0.3 * math.log2(best / 1e-3)
+        assert summary['variants']['gelu']['final_val_loss']['mean'] == pytest.approx(expected)
+    assert choices[0] == choices[1]
+
+
+def test_sweep_settings_are_checked_up_front(tmp_path):
+    for extra, words in [(['--lrs=1e-3,abc'], 'comma-separated numbers'), (['--lrs=1e-3,4e-3'], 'include learning_rate'),
+                         (['--lrs=2e-3,-1'], 'above 0'), (['--lr_grid=2'], 'give one of them'),
+                         (['--lrs=', '--lr_grid=-1'], 'at least 0'), (['--eval_iters=1'], 'eval_iters')]:
+        with pytest.raises(UserError, match=words):
+            compare.plan(settings(tmp_path / 'cmp', *extra))
+    grid = compare.learning_rates({**settings(tmp_path / 'cmp', '--lrs='), 'lr_grid': 2})
+    assert grid == pytest.approx([5e-4, 1e-3, 2e-3, 4e-3, 8e-3]) and 2e-3 in grid
+
+
+@pytest.mark.slow
+def test_a_tiny_sweep_end_to_end_reused_and_planned(shakespeare_char_dir, tmp_path, capsys):
+    """2 variants x 2 seeds x 3 rates trained for real; the same command again reuses all 12; --plan lists the rate
+    runs of a fresh directory; summary.md and lr.png are written."""
+    out = tmp_path / 'cmp'
+    argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--variants=gelu,swiglu', '--seeds=2',
+            '--max_iters=4', '--eval_interval=2', '--jobs=2', '--threads=1', *TINY, '--lrs=1e-3,2e-3,4e-3',
+            '--learning_rate=2e-3']
+    code, err = call(compare.main, argv, capsys)
+    assert code == 0, err
+    summary = json.loads((out / 'summary.json').read_text())
+    assert set(summary['lr']) == {'gelu', 'swiglu'} and summary['shared_lr'] == 2e-3
+    assert all(len(x['rates']) == 3 for x in summary['lr'].values())
+    assert '## Learning rates' in (out / 'summary.md').read_text() and (out / 'lr.png').stat().st_size > 10_000
+    code, err = call(compare.main, argv, capsys)
+    assert code == 0 and '(12 to reuse, 0 to train)' in err
+    with contextlib.redirect_stdout(io.StringIO()) as plan:
+        compare.main([a.replace(str(out), str(tmp_path / 'fresh')) for a in argv] + ['--plan=True'])
+    lines = plan.getvalue().splitlines()
+    assert len(lines) == 12 and sum('--learning_rate=0.004 ' in l and '--min_lr=0.0004 ' in l for l in lines) == 4
