@@ -301,3 +301,15 @@ def test_a_planned_run_that_stops_is_reported_as_stopped(shakespeare_char_dir, t
     assert p.returncode == 0, p.stderr[-2000:]
     assert not os.path.exists(os.path.join(run['dir'], 'stopped.txt'))
     assert runs.run_state(run) == 'done'
+
+
+def test_help_shows_the_values_a_bare_run_uses(capsys):
+    """`python compare.py --help` lists every key with the value `python compare.py` runs with: the default
+    comparison's config file, read first."""
+    with pytest.raises(SystemExit):
+        compare.main(['--help'])
+    out = capsys.readouterr().out
+    import re
+    cfg = compare.settings([])
+    for key in ('n_embd', 'seeds', 'variants', 'max_iters', 'learning_rate'):
+        assert re.search(rf'--{key}\s+{re.escape(repr(cfg[key]))}$', out, flags=re.M), key
