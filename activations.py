@@ -2,20 +2,9 @@
 Every activation of nanoFFN's feed-forward layers, and the registry of FFN variants (`VARIANTS`, at the bottom).
 
 Read it top to bottom. Each family starts with its formula and its source, then the formula as plain PyTorch (a few
-lines of autograd), then the module used in training. Every module has the same interface, so that the FFN and the
-Mixture of Experts in model.py treat them all alike:
-
-    coefs = act.token_coefs(x)   # per-token coefficients from the FFN input x (MoA's gates c(x)), else None
-    y     = act(h, coefs)        # φ(h), row-wise: row i of h uses row i of coefs
-    act.learned(x)               # what it learned (see "What an activation learned" below); {} if nothing
-
-The split lets a Mixture-of-Experts layer compute MoA's gates once per token and hand the same rows to every expert
-it visits. model.py builds the FFN around these modules: y = W_down φ(W_up x) for "mlp" variants and
-y = W_down (φ_gate(W_gate x) ⊙ φ_up(W_up x)) for "glu" variants (φ_up is the identity for plain GLUs).
-
-What an activation learned: `learned(x)` returns {quantity: value}, each value a number or {name: number}, e.g.
-{"alpha": {"gelu": 0.93, "relu": 0.05, ...}}. It is logged at every evaluation (log.jsonl's `act`), averaged in
-summaries and drawn over training as it is, under its own names: a new activation needs nothing else to show up.
+lines of autograd), then the module used in training, an `Activation`. model.py builds the FFN around them:
+y = W_down φ(W_up x) for "mlp" variants, y = W_down (φ_gate(W_gate x) ⊙ φ_up(W_up x)) for "glu" variants (φ_up is the
+identity for plain GLUs), and the Mixture of Experts treats every activation alike through their one interface.
 """
 import math
 from dataclasses import dataclass
@@ -76,11 +65,28 @@ def formula_or_lean(formula, lean_fn, *args):
     return formula(*args) if torch.compiler.is_compiling() else lean_fn(*args)
 
 
+class Activation(nn.Module):
+    """What every activation does:
+        coefs = act.token_coefs(x)   per-token coefficients from the FFN input x (MoA's gates c(x)), else None
+        y     = act(h, coefs)        φ(h), row-wise: row i of h uses row i of coefs
+        act.learned(x)               what it learned: {quantity: number or {name: number}}, e.g. {"alpha": {"gelu":
+                                     0.93, ...}}; logged at every evaluation, averaged in summaries and drawn over
+                                     training under its own names, so a new activation needs nothing else to show up
+    The split lets a Mixture-of-Experts layer compute MoA's gates once per token and hand the same rows to every expert
+    the token visits."""
+
+    def token_coefs(self, x):
+        return None
+
+    def learned(self, x):
+        return {}
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Fixed activations
 
 
-class Fixed(nn.Module):
+class Fixed(Activation):
     """φ(h) for a fixed φ in BASIS: relu, gelu (exact erf), relu2 = relu(h)² (Primer, So et al. 2021), silu, tanh,
     identity (the up branch of a plain GLU)."""
 
@@ -88,14 +94,8 @@ class Fixed(nn.Module):
         super().__init__()
         self.name, self.fn = name, BASIS[name][0]
 
-    def token_coefs(self, x):
-        return None
-
     def forward(self, h, coefs=None):
         return self.fn(h)
-
-    def learned(self, x):
-        return {}
 
     def extra_repr(self):
         return self.name
@@ -124,7 +124,7 @@ def poly_formula(h, coeffs, use_relu, use_norm, eps=1e-6):
     return y.to(h.dtype)
 
 
-class Poly(nn.Module):
+class Poly(Activation):
     """
     PolyCom activations of order r (2–4), one set of r+1 learned scalars per FFN:
         polyrelu:      φ(h) = Σ_{i=1..r} a_i relu(h)^i + a_0     (no normalisation: can blow up, by design of the paper)
@@ -142,9 +142,6 @@ class Poly(nn.Module):
         self.use_relu = kind in ("polyrelu", "polyrelunorm")
         self.use_norm = kind in ("polynorm", "polyrelunorm")
         self.coeffs = nn.Parameter(torch.tensor([0.0] + [1.0 / order] * order))  # [a_0, a_1, ..., a_r]
-
-    def token_coefs(self, x):
-        return None
 
     def forward(self, h, coefs=None):
         return formula_or_lean(poly_formula, lean.poly, h, self.coeffs, self.use_relu, self.use_norm, self.eps)
@@ -186,7 +183,7 @@ def _init_alpha(names, la_init):
     raise ValueError(f"la_init must be 'onehot', 'mean', 'sum' or 'onehot:NAME' with NAME in {names}; got {la_init!r}")
 
 
-class LA(nn.Module):
+class LA(Activation):
     """
     Learnable activation: φ(h) = Σ_k α_k φ_k(h), one scalar α_k per dictionary entry per FFN, shared by all tokens
     and channels. Dictionary default: identity, relu, relu2, gelu, silu, tanh (K = 6).
@@ -197,9 +194,6 @@ class LA(nn.Module):
         self.names = tuple(names)
         self.basis = tuple(BASIS[n] for n in self.names)
         self.alpha = nn.Parameter(_init_alpha(self.names, la_init))
-
-    def token_coefs(self, x):
-        return None
 
     def coefficients(self, coefs):
         """The mixing coefficients forward uses: α, the same for every token."""
@@ -215,7 +209,7 @@ class LA(nn.Module):
         return ",".join(self.names)
 
 
-class MoA(nn.Module):
+class MoA(Activation):
     """
     Mixture of activations: φ(h; x) = Σ_k c_k(x) φ_k(h), with per-token coefficients shared across hidden channels
         sigmoid (default):  c_k(x) = α_k · 2σ(u_k·x + b_k)
@@ -287,7 +281,7 @@ def xielu_formula(h, a_p, a_n, beta, eps):
     return torch.where(hf > 0, pos, neg).to(h.dtype)
 
 
-class XIELU(nn.Module):
+class XIELU(Activation):
     """
     φ(h) = α_p·h² + β·h                          for h > 0
     φ(h) = α_n·(expm1(min(h, ε)) − h) + β·h      for h ≤ 0
@@ -302,9 +296,6 @@ class XIELU(nn.Module):
         inv_softplus = lambda v: math.log(math.expm1(v))
         self.a_p = nn.Parameter(torch.tensor(inv_softplus(alpha_p_init)))
         self.a_n = nn.Parameter(torch.tensor(inv_softplus(alpha_n_init - beta)))
-
-    def token_coefs(self, x):
-        return None
 
     def alphas(self):
         """(α_p, α_n) from the raw parameters (a_p, a_n)."""

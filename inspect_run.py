@@ -5,20 +5,14 @@ What each activation became: the learned functions of one run, drawn over the in
     python inspect_run.py --out_dir=out-compare/la/seed1337      # one run of a comparison
     python inspect_run.py --out_dir=RUN --data_dir=/elsewhere    # the dataset was moved since the run trained
 
-Writes RUN/acts.png, one row per layer, and the numbers behind every panel in RUN/acts.json: the learned function
-φ(h) (solid) against the one the run started from (dashed; e.g. GELU for la with la_init=onehot) over the range where
-the layer's pre-activations h fall (0.5th-99.5th percentile), their histogram behind; both branches of a GLU; what
-each part of the layer reported over training (log.jsonl's `act`: α_k, a_0..a_r, α_p, α_n, an MoE's expert load);
-for MoA the spread of each c_k(x) over tokens and the per-token entropy of |c_k| / Σ|c_k|; for an MoE the tokens each
-expert receives. compare.py calls `compare` to draw one row per variant of a comparison.
+Writes RUN/acts.png, one row per layer, and its numbers in RUN/acts.json: the learned φ (solid) against its init
+(dashed) over the 0.5-99.5% range of the layer's pre-activations h, their histogram behind, for each branch of a GLU;
+what each part logged over training (log.jsonl's `act`); MoA's c_k(x) over tokens; an MoE's tokens per expert.
 
-Definitions. The batch is the run's first validation batch, the tokens every evaluation starts with. Pre-activations
-are h = W_up x, or g = W_gate x and u = W_up x, from each block's FFN input x (GPT.ffn_inputs); in an MoE one row per
-(token, chosen expert) pair (MoE.dispatch), exactly the rows the experts' activation sees. φ is evaluated on the
-histogram's bin centres: the module's own forward where φ does not depend on the token; where it does (PolyNorm and
-PolyReLUNorm normalise per token, MoA mixes with token t's c(x_t)) one curve per token, drawn as the median and the
-10-90% band. Moved from init = sqrt(Σ_b w_b (φ_learned(h_b) − φ_init(h_b))²) over the bins b, w_b the bin's share
-of h (φ the median where it depends on the token): 0 at init; init_rms = sqrt(Σ_b w_b φ_init(h_b)²) gives it a scale.
+h = W_up x (or g = W_gate x, u = W_up x) of each token's FFN input x on the run's first validation batch (in an MoE of
+each (token, chosen expert) pair). φ is evaluated at the histogram's bin centres; where it depends on the token
+(PolyNorm's norm, MoA's c(x_t)) as the median and 10-90% band over tokens. w_b = bin b's share of h; moved from init
+= sqrt(Σ_b w_b (φ(h_b) − φ_init(h_b))²), 0 at init; init_rms = sqrt(Σ_b w_b φ_init(h_b)²) gives it a scale.
 """
 import math
 import os
@@ -44,27 +38,9 @@ RANGE = (0.5, 99.5)  # percentiles of h that set the drawn range
 BAND = (10, 50, 90)  # percentiles over tokens: band low, median, band high
 BRANCH_LABELS = {'act': 'φ', 'act_up': 'φ_up (up branch)'}
 
-# ----------------------------------------------------------------------------------------------------------------------
-# the fixed batch and the pre-activations
-
-
-def load_run(out_dir, data_dir='', device='cpu'):
-    """(checkpoint, trained GPT in eval mode, the fixed batch's token ids)."""
-    from data.loader import DataLoader
-    ckpt = load_checkpoint(out_dir, "point --out_dir at a train.py run directory.")
-    model = GPT(model_config(ckpt['model_args']))
-    model.load_state_dict(model_state(ckpt['model']))
-    cfg = ckpt['config']
-    loader = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],
-                        data_dir=data_dir or cfg['data_dir'])
-    return ckpt, model.to(device).eval(), loader.val_batches(1)[0][0].to(device)
-
-
 def branch_rows(ffn, x):
-    """The rows each activation of this layer is applied to: ({'act': h or g, 'act_up': u}, FFN input per row,
-    tokens per expert or None). Dense: one row per token. MoE: one row per (token, chosen expert) pair."""
+    """({'act': h or g, 'act_up': u}, the FFN input of each row, tokens per expert or None) for one layer."""
     x = x.reshape(-1, x.shape[-1])
-    glu = ffn.act_up is not None
     if isinstance(ffn, MoE):
         _, _, experts, _ = ffn.route(x)
         _, token, counts, _ = ffn.dispatch(experts)  # the pairs sorted by expert, as the MoE's forward runs them
@@ -74,16 +50,14 @@ def branch_rows(ffn, x):
     else:
         project = lambda linear: linear(x)
         rows_x, usage = x, None
-    rows = {'act': project(ffn.w_gate if glu else ffn.w_up)}
-    if glu:
-        rows['act_up'] = project(ffn.w_up)
-    return rows, rows_x, usage
+    weights = {'act': ffn.w_up} if ffn.act_up is None else {'act': ffn.w_gate, 'act_up': ffn.w_up}
+    return {name: project(w) for name, w in weights.items()}, rows_x, usage
 
 
 def phi_curves(act, grid, h, x):
-    """φ on the grid: one row per row of h where φ depends on the token, else one row. PolyNorm / PolyReLUNorm:
-    φ_t(grid) = a_0 + Σ_i a_i·b(grid)^i·s_{i,t}, s_{i,t} = rsqrt(mean_j b(h_tj)^{2i} + ε), b = identity or relu;
-    MoA: the module's forward with token t's coefficients c(x_t)."""
+    """φ on the grid: one row per row of h where φ depends on the token, else one row. PolyNorm normalises each power
+    over the token's own h: φ_t(grid) = a_0 + Σ_i a_i b(grid)^i / sqrt(mean_j b(h_tj)^{2i} + ε), b = identity (relu
+    for PolyReLUNorm); MoA: the module's forward with token t's coefficients c(x_t)."""
     if isinstance(act, Poly) and act.use_norm:
         base = torch.relu if act.use_relu else (lambda v: v)
         b, a = base(h), act.coeffs
@@ -93,22 +67,14 @@ def phi_curves(act, grid, h, x):
             y = y + a[i] * base(grid) ** i * s
         return y
     coefs = act.token_coefs(x)
-    if coefs is None:
-        return act(grid[None], None)
-    return act(grid.expand(len(coefs), -1), coefs)
+    return act(grid[None], None) if coefs is None else act(grid.expand(len(coefs), -1), coefs)
 
 
-def learnable(act):
-    return any(True for _ in act.parameters())
-
-
-@torch.no_grad()
 def branch_report(act, init_act, h, x, bins):
-    """The function panel's numbers for one branch of one layer (see the definitions above)."""
+    """The function panel's numbers for one branch of one layer."""
     hv = h.double().flatten().cpu().numpy()
     lo, hi = np.percentile(hv, RANGE)
-    hi = max(hi, lo + 1e-6)
-    edges = np.linspace(lo, hi, bins + 1)
+    edges = np.linspace(lo, max(hi, lo + 1e-6), bins + 1)
     counts = np.histogram(hv, edges)[0]
     grid = torch.tensor((edges[:-1] + edges[1:]) / 2, dtype=h.dtype, device=h.device)
     learned = phi_curves(act, grid, h, x).double().cpu().numpy()
@@ -117,20 +83,15 @@ def branch_report(act, init_act, h, x, bins):
     init_median = np.percentile(init, 50, axis=0)
     w = counts / max(counts.sum(), 1)
     token_dependent = len(learned) > 1
-    return {
-        'kind': repr(act), 'learnable': learnable(act), 'token_dependent': token_dependent,
-        'grid': grid.tolist(), 'edges': edges.tolist(), 'counts': counts.tolist(),
-        'median': median.tolist(), 'band': [low.tolist(), high.tolist()] if token_dependent else None,
-        'init': init_median.tolist(),
-        'moved': math.sqrt(float((w * (median - init_median) ** 2).sum())),
-        'init_rms': math.sqrt(float((w * init_median ** 2).sum())),
-    }
+    return {'kind': repr(act), 'learnable': any(True for _ in act.parameters()), 'token_dependent': token_dependent,
+            'grid': grid.tolist(), 'edges': edges.tolist(), 'counts': counts.tolist(), 'median': median.tolist(),
+            'band': [low.tolist(), high.tolist()] if token_dependent else None, 'init': init_median.tolist(),
+            'moved': math.sqrt(float((w * (median - init_median) ** 2).sum())),
+            'init_rms': math.sqrt(float((w * init_median ** 2).sum()))}
 
 
-@torch.no_grad()
 def gate_report(act, x):
-    """MoA: quantiles over tokens of each c_k(x), and the entropy of the normalised mixture p_k = |c_k| / Σ_l |c_l|
-    per token (nats; log K = uniform). `entropy_of_mean`: the entropy of the mean |c|, what one shared α gives."""
+    """MoA: each c_k(x) over tokens; entropy (nats, ≤ log K) of |c|/Σ|c| per token and of the mean |c| (a shared α)."""
     c = act.token_coefs(x).double()
     p = c.abs() / c.abs().sum(-1, keepdim=True).clamp_min(1e-12)
     entropy = -(p * p.clamp_min(1e-12).log()).sum(-1).cpu().numpy()
@@ -143,62 +104,62 @@ def gate_report(act, x):
             'entropy_of_mean': float(-(pm * pm.clamp_min(1e-12).log()).sum())}
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# over training, from the log
-
-
 def history(log, n_layer):
-    """Per layer and part (act, act_up, moe), every number the part reported at each evaluation that logged it (the
-    `act` record of log.jsonl lines), as {label: [value per evaluation]}."""
+    """Per layer and part (act, act_up, moe): {label: [value at each evaluation that logged `act`, None if absent]}."""
     evals = [r for r in log if r.get('act')]
-    out = {'iters': [r['iter'] for r in evals], 'layers': []}
-    for i in range(n_layer):
-        parts = {}
-        for j, r in enumerate(evals):
-            layer = r['act']['layers'][i] if i < len(r['act']['layers']) else {}
-            for part, quantities in layer.items():
+    layers = [{} for _ in range(n_layer)]
+    for j, r in enumerate(evals):
+        for parts, logged in zip(layers, r['act']['layers']):
+            for part, quantities in logged.items():
                 for q, value in quantities.items():
                     for name, v in (value.items() if isinstance(value, dict) else [('', value)]):
                         series = parts.setdefault(part, {}).setdefault(f'{q} {name}'.strip(), [None] * len(evals))
                         series[j] = v
-        out['layers'].append(parts)
-    return out
+    return {'iters': [r['iter'] for r in evals], 'layers': layers}
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# one run
-
-
+@torch.no_grad()
 def inspect(out_dir, data_dir='', bins=100, device='cpu'):
-    """The numbers behind a run's acts.png (the content of acts.json)."""
+    """The numbers behind a run's acts.png (the content of acts.json), from its checkpoint and its log."""
+    from data.loader import DataLoader
     if bins < 2:
         raise UserError(f"--bins must be at least 2, got {bins}.")
-    ckpt, model, idx = load_run(out_dir, data_dir, device)
+    ckpt = load_checkpoint(out_dir, "point --out_dir at a train.py run directory.")
+    model = GPT(model_config(ckpt['model_args']))
+    model.load_state_dict(model_state(ckpt['model']))
+    model.to(device).eval()
+    cfg = ckpt['config']
+    idx = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],
+                     data_dir=data_dir or cfg['data_dir']).val_batches(1)[0][0].to(device)
     init_acts = make_activations(model.config)
     layers = []
-    with torch.no_grad():
-        for block, x in zip(model.transformer.h, model.ffn_inputs(idx)):
-            ffn = block.ffn
-            rows, x_rows, usage = branch_rows(ffn, x)
-            layer = {'moe': usage is not None, 'branches': {}, 'gates': {}}
-            for (name, h), init_act in zip(rows.items(), init_acts):  # (act, act_up): act_up only for glu
-                act = getattr(ffn, name)
-                layer['branches'][name] = branch_report(act, init_act, h, x_rows, bins)
-                if isinstance(act, MoA):
-                    layer['gates'][name] = gate_report(act, x_rows)
-            if usage is not None:
-                layer['expert_tokens'] = usage
-            layers.append(layer)
-    cfg = ckpt['config']
+    for block, x in zip(model.transformer.h, model.ffn_inputs(idx)):
+        rows, x_rows, usage = branch_rows(block.ffn, x)
+        layer = {'moe': usage is not None, 'branches': {}, 'gates': {}}
+        for (name, h), init_act in zip(rows.items(), init_acts):  # (act, act_up): act_up only for glu
+            act = getattr(block.ffn, name)
+            layer['branches'][name] = branch_report(act, init_act, h, x_rows, bins)
+            if isinstance(act, MoA):
+                layer['gates'][name] = gate_report(act, x_rows)
+        if usage is not None:
+            layer['expert_tokens'] = usage
+        layers.append(layer)
     log, damaged = read_log_lines(os.path.join(out_dir, 'log.jsonl'))
-    return {'run': out_dir, 'damaged_lines': len(damaged), 'ffn': model.config.ffn, 'iter': ckpt['iter_num'], 'n_layer': model.config.n_layer,
-            'batch': {'dataset': cfg['dataset'], 'batch_size': cfg['batch_size'], 'block_size': cfg['block_size'],
-                      'tokens': idx.numel()},
+    return {'run': out_dir, 'damaged_lines': len(damaged), 'ffn': model.config.ffn, 'iter': ckpt['iter_num'],
+            'n_layer': model.config.n_layer, 'batch': {'dataset': cfg['dataset'], 'batch_size': cfg['batch_size'],
+                                                       'block_size': cfg['block_size'], 'tokens': idx.numel()},
             'layers': layers, 'history': history(log, model.config.n_layer)}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# drawing
+# the pictures
+
+
+def figure(nrows, ncols, width, row_height, **kw):
+    """A figure (made off pyplot: nothing to close) of nrows x ncols axes, laid out to leave room for the titles."""
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(width, row_height * nrows + 0.6), dpi=100, layout='constrained')
+    return fig, fig.subplots(nrows, ncols, squeeze=False, **kw)
 
 
 def draw_function(ax, branch, color='C0', label='learned', hist=True):
@@ -206,8 +167,7 @@ def draw_function(ax, branch, color='C0', label='learned', hist=True):
     grid = branch['grid']
     if hist:
         ax2 = ax.twinx()
-        width = branch['edges'][1] - branch['edges'][0]
-        ax2.bar(grid, branch['counts'], width=width, color='0.85', linewidth=0)
+        ax2.bar(grid, branch['counts'], width=branch['edges'][1] - branch['edges'][0], color='0.85', linewidth=0)
         ax2.set_yticks([])
         ax.set_zorder(ax2.get_zorder() + 1)  # the curves above the histogram
         ax.patch.set_visible(False)
@@ -218,15 +178,8 @@ def draw_function(ax, branch, color='C0', label='learned', hist=True):
     ax.grid(alpha=0.3)
 
 
-def function_title(name, branch):
-    what = BRANCH_LABELS[name] + (' (median, 10-90% over tokens)' if branch['token_dependent'] else '')
-    moved = f"moved from init {branch['moved']:.3g}" if branch['learnable'] else 'fixed'
-    return f"{what}\n{moved}"
-
-
 def panels(report):
-    """The columns of a run's figure: the function panels, one panel over training per part that reported
-    something, then whatever else the run has to show."""
+    """The columns of a run's figure: its functions, each part's log over training, MoA's gates, an MoE's experts."""
     layers, hist = report['layers'], report['history']['layers']
     cols = list(layers[0]['branches'])
     cols += [f'history {part}' for part in dict.fromkeys(p for h in hist for p in h)]
@@ -245,10 +198,9 @@ def draw_gates(ax, gates, entropy):
             ax.stairs(g['entropy_counts'], g['entropy_edges'], label=f"{prefix}per token", color=f'C{j}')
             ax.axvline(g['entropy_of_mean'], color=f'C{j}', linestyle=':', label=f'{prefix}entropy of mean |c|')
             continue
-        offset = j * (len(g['names']) + 1)
         stats = [dict(whislo=q[0], q1=q[1], med=q[2], q3=q[3], whishi=q[4], label=prefix + n)
                  for n, q in zip(g['names'], g['quantiles'])]
-        ax.bxp(stats, positions=[offset + k for k in range(len(stats))], showfliers=False)
+        ax.bxp(stats, positions=[j * (len(stats) + 1) + k for k in range(len(stats))], showfliers=False)
         ax.tick_params(axis='x', labelrotation=60, labelsize=7)
     if entropy:
         ax.set(xlabel='entropy of |c|/Σ|c| (nats)')
@@ -267,31 +219,27 @@ def draw_series(ax, series, iters):
     ax.grid(alpha=0.3)
 
 
-def draw(path, report):
-    """A run's acts.png: one row per layer, the columns of `panels`."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-
+def write(out_dir, report):
+    """A run's acts.json, and acts.png: one row per layer, the columns of `panels`."""
+    write_json(os.path.join(out_dir, 'acts.json'), report)
     cols = panels(report)
-    n = report['n_layer']
-    fig, axes = plt.subplots(n, len(cols), figsize=(4.3 * len(cols), 3.0 * n + 0.6), squeeze=False, dpi=100,
-                             layout='constrained')  # constrained: room for the titles and the suptitle
+    fig, axes = figure(report['n_layer'], len(cols), 4.3 * len(cols), 3.0)
     titles = {'gates': 'MoA c_k(x) over tokens', 'entropy': 'MoA mixture entropy per token',
               'experts': 'validation tokens per expert'}
-    for i, layer in enumerate(report['layers']):
-        hist = report['history']['layers'][i]
+    for i, (layer, hist) in enumerate(zip(report['layers'], report['history']['layers'])):
         for ax, col in zip(axes[i], cols):
+            part = col.removeprefix('history ')
             if col in layer['branches']:
                 branch = layer['branches'][col]
                 draw_function(ax, branch)
-                ax.set_title(f"layer {i}: {function_title(col, branch)}", fontsize=9)
+                what = BRANCH_LABELS[col] + (' (median, 10-90% over tokens)' if branch['token_dependent'] else '')
+                moved = f"moved from init {branch['moved']:.3g}" if branch['learnable'] else 'fixed'
+                ax.set_title(f"layer {i}: {what}\n{moved}", fontsize=9)
                 ax.set_xlabel('h (pre-activation)')
                 continue
-            ax.set_title(f'layer {i}: ' + (f'{col[8:]} over training' if col.startswith('history ') else titles[col]),
-                         fontsize=9)
-            if col.startswith('history ') and hist.get(col[8:]):
-                draw_series(ax, hist[col[8:]], report['history']['iters'])
+            ax.set_title(f'layer {i}: ' + titles.get(col, f'{part} over training'), fontsize=9)
+            if col != part and hist.get(part):
+                draw_series(ax, hist[part], report['history']['iters'])
             elif col in ('gates', 'entropy') and layer['gates']:
                 draw_gates(ax, layer['gates'], col == 'entropy')
             elif col == 'experts' and 'expert_tokens' in layer:
@@ -299,37 +247,23 @@ def draw(path, report):
                 ax.set(xlabel='expert', ylabel='tokens')
             else:
                 ax.set_axis_off()
-    fig.suptitle(textwrap.fill(f"{report['ffn']} at iteration {report['iter']} ({report['run']}): learned φ solid, "
-                               f"init dashed, histogram of h on the first validation batch "
-                               f"({report['batch']['tokens']:,} tokens) behind", int(4.3 * len(cols) * 14)),
-                 fontsize=10)
-    save_figure(fig, path)
-    plt.close(fig)
-
-
-def write(out_dir, report):
-    write_json(os.path.join(out_dir, 'acts.json'), report)
-    draw(os.path.join(out_dir, 'acts.png'), report)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# a comparison: one row per variant
+    title = (f"{report['ffn']} at iteration {report['iter']} ({report['run']}): learned φ solid, init dashed, "
+             f"histogram of h on the first validation batch ({report['batch']['tokens']:,} tokens) behind")
+    fig.suptitle(textwrap.fill(title, int(4.3 * len(cols) * 14)), fontsize=10)
+    save_figure(fig, os.path.join(out_dir, 'acts.png'))
 
 
 def compare(out_dir, run_dirs, data_dir=''):
-    """For compare.py: inspects each variant's run (run_dirs: {variant: its first seed's directory}), writing that
-    run's acts.png/acts.json, and draws out_dir/acts.png: one row per variant, one column per layer, the learned φ
-    (gate branch for GLU; the up branch too where it is learned) on the same axes per layer. Returns, per variant,
-    the moved-from-init numbers per layer and branch (None for a run without a checkpoint)."""
+    """For compare.py: inspect and write each variant's run (run_dirs: {variant: its first seed's directory}) and draw
+    out_dir/acts.png. Returns the moved-from-init numbers per variant, layer and branch (None: no checkpoint)."""
     reports = {}
     for v, d in run_dirs.items():
         try:
             reports[v] = inspect(d, data_dir)
+            write(d, reports[v])
         except UserError as e:  # a run that never wrote a checkpoint (or whose data moved): no row for it
             print(f"compare: no acts.png row for {v}: {e}", file=sys.stderr)
             reports[v] = None
-            continue
-        write(d, reports[v])
     drawn = {v: r for v, r in reports.items() if r is not None}
     if drawn:
         draw_comparison(os.path.join(out_dir, 'acts.png'), drawn)
@@ -340,14 +274,10 @@ def compare(out_dir, run_dirs, data_dir=''):
 
 
 def draw_comparison(path, reports):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-
+    """One row per variant, one column per layer: φ (for a GLU the gate's, and the up branch's where learned)."""
     n_layer = max(r['n_layer'] for r in reports.values())
     width = max(4.5 * n_layer, 8)
-    fig, axes = plt.subplots(len(reports), n_layer, figsize=(width, 2.6 * len(reports) + 0.6), squeeze=False, dpi=100,
-                             sharex='col', layout='constrained')  # y not shared: PolyNorm's powers are normalised
+    fig, axes = figure(len(reports), n_layer, width, 2.6, sharex='col')  # y not shared: PolyNorm's powers normalised
     for row, (v, r) in zip(axes, reports.items()):
         for i, ax in enumerate(row):
             if i >= r['n_layer']:
@@ -355,9 +285,8 @@ def draw_comparison(path, reports):
                 continue
             branches = r['layers'][i]['branches']
             draw_function(ax, branches['act'], label='φ_gate' if 'act_up' in branches else 'φ')
-            up = branches.get('act_up')
-            if up is not None and up['learnable']:
-                draw_function(ax, up, color='C1', label='φ_up', hist=False)
+            if branches.get('act_up', {}).get('learnable'):
+                draw_function(ax, branches['act_up'], color='C1', label='φ_up', hist=False)
                 ax.legend(fontsize=7, loc='upper left')
             names = {'act': 'gate ' if 'act_up' in branches else '', 'act_up': 'up '}
             moved = ', '.join(f"{names[n]}{b['moved']:.3g}" for n, b in branches.items() if b['learnable'])
@@ -365,12 +294,11 @@ def draw_comparison(path, reports):
         row[0].set_ylabel(f"{v}, iteration {r['iter']}")  # each run's checkpoint: its last or its best evaluation
     for ax in axes[-1]:
         ax.set_xlabel('h (pre-activation)')
-    fig.suptitle(textwrap.fill("learned φ at each run's checkpoint (solid; median and 10-90% band over tokens "
-                               "where it depends on the token), init dashed, histogram of h on the first validation "
-                               "batch behind; the first seed of each variant; moved: distance from init over the "
-                               "histogram's mass", int(width * 14)), fontsize=10)
+    title = ("learned φ at each run's checkpoint (solid; median and 10-90% band over tokens where it depends on the "
+             "token), init dashed, histogram of h on the first validation batch behind; the first seed of each "
+             "variant; moved: distance from init over the histogram's mass")
+    fig.suptitle(textwrap.fill(title, int(width * 14)), fontsize=10)
     save_figure(fig, path)
-    plt.close(fig)
 
 
 def main(argv):

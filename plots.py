@@ -1,18 +1,15 @@
-"""
-The pictures of a comparison, drawn from its summary: loss.png (curves side by side) and, for a ladder, ladder.png.
-
-acts.png, what the activations became, is inspect_run.py's.
-"""
+"""The pictures of a comparison, drawn from its summary: loss.png, lr.png, ladder.png (acts.png: inspect_run.py)."""
 import numpy as np
 
 from rundir import save_figure
 
 
-def pyplot():
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    return plt
+def figure(figsize, ncols, n):
+    """A figure (made off pyplot: nothing to close) with a row of ncols axes, and a colour for each of n variants."""
+    import matplotlib.figure
+    fig = matplotlib.figure.Figure(figsize=figsize, dpi=110, layout='tight')
+    colors = matplotlib.colormaps['tab10' if n <= 10 else 'tab20'].colors  # cycled past 20
+    return fig, fig.subplots(1, ncols), [colors[i % len(colors)] for i in range(n)]
 
 
 def ema(values, beta):
@@ -31,14 +28,16 @@ def padded(rows):
     return out
 
 
+def mean_band(ax, x, curves, color, **kw):
+    """The mean over seeds (rows of curves) and the min-max band (of no width, so not drawn, for one seed)."""
+    ax.plot(x, np.nanmean(curves, 0), color=color, **kw)
+    ax.fill_between(x, np.nanmin(curves, 0), np.nanmax(curves, 0), color=color, alpha=0.2, linewidth=0)
+
+
 def loss(path, summary, by_variant, smooth):
-    """Validation loss against tokens and against training time (mean over seeds, min-max band), and the smoothed
-    training loss, one colour per variant."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5), dpi=110)
-    colors = plt.get_cmap('tab10' if len(by_variant) <= 10 else 'tab20').colors
-    for i, (v, ms) in enumerate(by_variant.items()):
-        c = colors[i % len(colors)]
+    """Validation loss against tokens and against training time, and the smoothed training loss."""
+    fig, axes, colors = figure((17, 5), 3, len(by_variant))
+    for c, (v, ms) in zip(colors, by_variant.items()):
         done = [m for m in ms if m['curve']['val']]
         if not done:
             continue
@@ -51,17 +50,11 @@ def loss(path, summary, by_variant, smooth):
             keep[:] = True
         label = f'{v} ({len(done)} seed{"s" if len(done) > 1 else ""})'
         for ax, x in ((axes[0], tok), (axes[1], secs)):
-            ax.plot(x[keep], np.nanmean(val, 0)[keep], color=c, marker='.', label=label)
-            if len(done) > 1:
-                ax.fill_between(x[keep], np.nanmin(val, 0)[keep], np.nanmax(val, 0)[keep], color=c, alpha=0.2,
-                                linewidth=0)
+            mean_band(ax, x[keep], val[:, keep], c, marker='.', label=label)
         trains = [m['curve']['train'] for m in ms if m['curve']['train']]
         if trains:
-            curve = padded([ema([p[2] for p in t], smooth) for t in trains])
             x = np.array(max(trains, key=len))[:, 1]
-            axes[2].plot(x, np.nanmean(curve, 0), color=c, label=v)
-            if len(trains) > 1:
-                axes[2].fill_between(x, np.nanmin(curve, 0), np.nanmax(curve, 0), color=c, alpha=0.2, linewidth=0)
+            mean_band(axes[2], x, padded([ema([p[2] for p in t], smooth) for t in trains]), c, label=v)
     kind = {'on': 'compiled', 'off': 'eager'}.get(summary['compiled'], 'compiled and eager mixed')
     axes[0].set(xlabel='training tokens', ylabel='validation loss', title='validation loss (mean, band: min–max over seeds)')
     axes[1].set(xlabel=f'training time (s, {kind}, evaluation excluded)', ylabel='validation loss',
@@ -71,49 +64,40 @@ def loss(path, summary, by_variant, smooth):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"{summary['dataset']}: {len(summary['variants'])} FFN variants x {len(summary['seeds'])} seed(s)")
-    fig.tight_layout()
     save_figure(fig, path)
-    plt.close(fig)
 
 
 def ladder(path, lad):
-    """Final loss against non-embedding parameters and against training FLOPs, each variant's gap to the baseline
-    against N with its 95% interval, and (with a sweep) each variant's best learning rate against the width."""
-    plt = pyplot()
+    """Final loss against N and against training FLOPs, the gap to the baseline against N, the best rate per width."""
     from matplotlib.ticker import FormatStrFormatter, NullFormatter
     sweep = any(p['best_lr'] for lv in lad['variants'].values() for p in lv['points'])
-    fig, axes = plt.subplots(1, 4 if sweep else 3, figsize=(22 if sweep else 17, 5), dpi=110)
-    colors = plt.get_cmap('tab10').colors
-    for i, (v, lv) in enumerate(lad['variants'].items()):
-        c, pts = colors[i % len(colors)], [p for p in lv['points'] if p['final_val_loss']]
+    fig, axes, colors = figure((22, 5) if sweep else (17, 5), 4 if sweep else 3, len(lad['variants']))
+    for i, (c, (v, lv)) in enumerate(zip(colors, lad['variants'].items())):
+        pts = [p for p in lv['points'] if p['final_val_loss']]
         if not pts:
             continue
-        y = np.array([p['final_val_loss']['mean'] for p in pts])
-        err = np.array([p['final_val_loss']['std'] or 0.0 for p in pts])
         for ax, key in ((axes[0], 'N'), (axes[1], 'flops')):
-            ax.errorbar([p[key] for p in pts], y, yerr=err, color=c, marker='o', capsize=3, label=v)
-        gaps = [(p['N'], p['gap']) for p in pts if p['gap']]
+            ax.errorbar([p[key] for p in pts], [p['final_val_loss']['mean'] for p in pts],
+                        yerr=[p['final_val_loss']['std'] or 0.0 for p in pts], color=c, marker='o', capsize=3, label=v)
+        gaps = [p for p in pts if p['gap']]
         if gaps:
-            x = np.array([n for n, _ in gaps]) * (1 + 0.02 * i)  # nudged apart so error bars do not overlap
-            mean = np.array([g['mean'] for _, g in gaps])
-            lo = np.array([g['mean'] - g['ci'][0] if g.get('ci') else 0.0 for _, g in gaps])
-            hi = np.array([g['ci'][1] - g['mean'] if g.get('ci') else 0.0 for _, g in gaps])
-            t = lv['trend']
-            axes[2].errorbar(x, mean, yerr=[lo, hi], color=c, marker='o', capsize=3,
-                             label=v + (f" ({t['verdict']})" if t else ''))
+            x = np.array([p['N'] for p in gaps]) * (1 + 0.02 * i)  # nudged apart so error bars do not overlap
+            mean = np.array([p['gap']['mean'] for p in gaps])
+            ci = np.array([p['gap'].get('ci') or [p['gap']['mean']] * 2 for p in gaps])  # no interval: no bar
+            axes[2].errorbar(x, mean, yerr=[mean - ci[:, 0], ci[:, 1] - mean], color=c, marker='o', capsize=3,
+                             label=v + (f" ({lv['trend']['verdict']})" if lv['trend'] else ''))
         if sweep:
             axes[3].plot([p['n_embd'] for p in pts], [p['best_lr'] for p in pts], color=c, marker='o', label=v)
     if sweep:
         axes[3].set(xscale='log', yscale='log', xlabel='width n_embd', ylabel='best peak learning rate',
                     title='each variant\'s best rate per size')
     axes[2].axhline(0.0, color='k', linewidth=0.8)
-    axes[0].set(xscale='log', yscale='log', xlabel='non-embedding parameters N', ylabel='final validation loss',
-                title='loss vs N (mean ± std over seeds)')
-    axes[1].set(xscale='log', yscale='log', xlabel='training FLOPs (model count x tokens)',
-                ylabel='final validation loss', title='loss vs training compute')
     axes[2].set(xscale='log', xlabel='non-embedding parameters N', ylabel=f"Δ = L − L_{lad['baseline']}",
                 title=f"gap to {lad['baseline']} (paired over seeds, 95% t interval)")
-    for ax in axes[:2]:  # losses span a narrow range: plain decimals on the log axis, not powers of ten
+    for ax, xlabel, title in ((axes[0], 'non-embedding parameters N', 'loss vs N (mean ± std over seeds)'),
+                              (axes[1], 'training FLOPs (model count x tokens)', 'loss vs training compute')):
+        ax.set(xscale='log', yscale='log', xlabel=xlabel, ylabel='final validation loss', title=title)
+        # losses span a narrow range: plain decimals on the log axis, not powers of ten
         ax.yaxis.set_major_formatter(FormatStrFormatter('%.2f'))
         ax.yaxis.set_minor_formatter(FormatStrFormatter('%.2f'))
     for ax in axes:
@@ -122,23 +106,17 @@ def ladder(path, lad):
         ax.legend(fontsize=8)
     fig.suptitle(f"{lad['dataset']}: {len(lad['variants'])} FFN variants x {len(lad['seeds'])} seed(s) x "
                  f"{len(lad['sizes'])} sizes ({lad['token_rule']}, lr {lad['lr_rule']})")
-    fig.tight_layout()
     save_figure(fig, path)
-    plt.close(fig)
 
 
 def lr(path, summary):
-    """A learning-rate sweep: each variant's final validation loss (report half, mean over seeds, min-max band) against
-    the rate, its best rate (chosen on the other half) starred, the shared rate dashed."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    colors = plt.get_cmap('tab10' if len(summary['lr']) <= 10 else 'tab20').colors
-    for i, (v, x) in enumerate(summary['lr'].items()):
+    """A learning-rate sweep: each variant's final validation loss (mean over seeds, min-max band) against the rate."""
+    fig, ax, colors = figure((8, 5), 1, len(summary['lr']))
+    for c, (v, x) in zip(colors, summary['lr'].items()):
         pts = [(r, x['report'][repr(r)]) for r in x['rates'] if x['report'][repr(r)]]
         if not pts:
             continue
         rates = [r for r, _ in pts]
-        c = colors[i % len(colors)]
         ax.plot(rates, [s['mean'] for _, s in pts], color=c, marker='.', label=v)
         ax.fill_between(rates, [s['min'] for _, s in pts], [s['max'] for _, s in pts], color=c, alpha=0.15, linewidth=0)
         best = x['report'][repr(x['best'])]
@@ -149,6 +127,4 @@ def lr(path, summary):
            title='loss against learning rate; ★ best rate, chosen on the first half')
     ax.grid(alpha=0.3, which='both')
     ax.legend(fontsize=8)
-    fig.tight_layout()
     save_figure(fig, path)
-    plt.close(fig)

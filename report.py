@@ -86,18 +86,12 @@ def scale_counts(model):
 
 
 def mean_over_seeds(values):
-    """The mean of one learned quantity over seeds: numbers plainly, dicts per key."""
+    """The mean of what the activations learned (the logs' `act` records, one per seed), key by key."""
     if isinstance(values[0], dict):
         return {k: mean_over_seeds([v[k] for v in values]) for k in values[0] if all(k in v for v in values)}
+    if isinstance(values[0], list):
+        return [mean_over_seeds(list(per_seed)) for per_seed in zip(*values)]
     return statistics.fmean(values)
-
-
-def learned_mean(acts):
-    """What the activations learned (the logs' `act` records, one per seed) averaged over seeds, layer by layer."""
-    acts = [a for a in acts if a]
-    if not acts:
-        return None
-    return {'layers': [mean_over_seeds(list(per_seed)) for per_seed in zip(*[a['layers'] for a in acts])]}
 
 
 def how_compiled(runs):
@@ -142,7 +136,7 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses, loss_of=lambda r: 
             # over the finished runs (a stopped run's partial time is not a run's time), or all where none finished
             'train_time_s': statistics.fmean(m['train_time_s'] for m in (done or ms)),
             'tokens': max(m['tokens'] for m in ms),
-            'learned': learned_mean([m['act'] for m in ms]),
+            'learned': mean_over_seeds(acts) if (acts := [m['act'] for m in ms if m['act']]) else None,
             'runs': [{k: m[k] for k in ('seed', 'dir', 'status', 'iters', 'tokens', 'final_val_loss', 'final_train_loss',
                                         'train_time_s', 'tok_s', 'batch_hash', 'val_hash', 'act')} for m in ms],
         }
@@ -169,12 +163,9 @@ def add_checks(out, by_variant, variants, seeds, baseline):
 
 
 def matched(runs, base_runs, scale, base_scale):
-    """Compute- and time-matched verdicts of a variant against the baseline, seed by seed (same batches): the tokens,
-    FLOPs and seconds of training the variant needs to reach the baseline's final validation loss (linearly
-    interpolated on its evaluation curve; None = not reached), as ratios to what the baseline itself needed to first
-    reach that loss (so that a variant equal to the baseline scores 1), and the loss the variant had reached when the
-    baseline's training time ran out (the paired difference to the baseline's final loss). A variant that is slower
-    per step must win by more than it costs to win on time."""
+    """Compute- and time-matched verdicts against the baseline, seed by seed: the tokens, FLOPs and seconds the variant
+    needs to reach the baseline's final loss (interpolated on its curve; None = never) over what the baseline needed
+    to first reach it, and the variant's loss when the baseline's training time ran out, minus the baseline's final."""
     base = {m['seed']: m for m in base_runs if m['status'] == 'done' and m['curve']['val']}
     ratios = {'tokens': [], 'flops': [], 'seconds': []}
     at_budget, reached, n = [], 0, 0
@@ -336,13 +327,11 @@ def matched_section(summary):
     if not rows:
         return []
     return ['## Compute- and time-matched', '',
-            f"Target: {base}'s final validation loss, seed by seed. Reached: in how many seeds the variant's validation "
-            f"curve gets there (linear interpolation between evaluations); tokens, FLOPs and seconds: what it needs to "
-            f"get there as a multiple of what {base} needed to first get there itself (mean over seeds, only when every "
-            f"seed reached it; FLOPs from each model's own per-token count); at {base}'s time: the variant's loss when "
-            f"{base}'s training time ran out, minus {base}'s final loss (mean ± std over seeds; a variant that ends "
-            f"sooner keeps its final loss), and which way that goes (paired t-test at 95%). Seconds are "
-            f"{times_note(summary)}.", '',
+            f"Target: {base}'s final validation loss, seed by seed. Reached: in how many seeds the variant's curve gets "
+            f"there (interpolated between evaluations); tokens, FLOPs, seconds: what it needs to get there over what "
+            f"{base} needed (mean over seeds, when every seed got there); at {base}'s time: the variant's loss when "
+            f"{base}'s training time ran out minus {base}'s final loss, and which way that goes (paired t-test at 95%). "
+            f"Seconds are {times_note(summary)}.", '',
             f'| variant | reached | tokens | FLOPs | seconds | loss at {base}\'s time − {base} | on time |',
             '|---|:---:|---:|---:|---:|---:|:---:|'] + rows + ['']
 
@@ -385,15 +374,12 @@ def acts_section(summary):
         if cells:
             rows.append(f"- **{v}**: " + '; '.join(cells))
     lines = ['## What the activation functions became', '', "![learned activation functions](acts.png)", '',
-             "acts.png: per variant (its first seed), per layer, the learned function φ(h) (solid; the median and the "
-             "10-90% band over tokens where φ depends on the token: PolyNorm, MoA) against the function it started "
-             "from (dashed), over the histogram of the layer's pre-activations h on the first validation batch "
-             "(python inspect_run.py --out_dir=RUN draws every panel of one run, into the run's directory).", '']
+             "Per variant (its first seed) and layer, the learned function φ(h) (solid; median and 10-90% band over "
+             "tokens where φ depends on the token) against its init (dashed), over the histogram of the pre-activations "
+             "h on the first validation batch (inspect_run.py --out_dir=RUN draws one run in full).", '']
     if rows:
-        lines += ["Moved from init, per layer: sqrt(Σ_b w_b (φ_learned(h_b) − φ_init(h_b))²) over the bins b of that "
-                  "histogram, w_b the bin's share of the mass (φ the median over tokens where it depends on the "
-                  "token); in brackets, relative to the init function's rms over the same mass. 0 = unchanged.", '']
-        lines += rows + ['']
+        lines += ["Moved from init: sqrt(Σ_b w_b (φ_learned(h_b) − φ_init(h_b))²) over the histogram's bins, w_b a "
+                  "bin's share of h; in brackets, relative to the init function's rms. 0 = unchanged.", ''] + rows + ['']
     return lines
 
 

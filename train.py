@@ -36,8 +36,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import device
+import wandb_log
 from configurator import (DEFAULTS, MODEL_KEYS, STREAM_KEYS, TYPES, RunStopped, UserError, check, model_config,
-                          parse_args, run_cli, split_list)
+                          parse_args, run_cli)
 from model import GPT
 from progress import progress_bar
 from rundir import (STOPPED, LogFile, load_checkpoint, lock_run_dir, model_state, save_checkpoint, truncate_log,
@@ -106,18 +107,6 @@ def set_rng_state(state, device_type):
     torch.set_rng_state(state['torch'])
     if device_type == 'cuda' and 'cuda' in state:
         torch.cuda.set_rng_state(state['cuda'])
-
-
-def wandb_fields(record, prefix=''):
-    """A log record as wandb charts it: nested dicts and lists become '/'-joined keys of scalars."""
-    items = record.items() if isinstance(record, dict) else enumerate(record)
-    out = {}
-    for key, value in items:
-        if isinstance(value, (dict, list)):
-            out.update(wandb_fields(value, f'{prefix}{key}/'))
-        else:
-            out[f'{prefix}{key}'] = value
-    return out
 
 
 class Trainer:
@@ -233,14 +222,7 @@ class Trainer:
             return
         self.lock = lock_run_dir(self.out_dir)  # held until train() ends; the kernel drops it if the process dies
         if cfg['wandb_log']:  # before the old run is replaced: a wandb that cannot start leaves it as it was
-            import wandb  # configurator.check imported it already
-            try:
-                self.wandb_run = wandb.init(project=cfg['wandb_project'], group=cfg['wandb_group'] or None, config=cfg,
-                                            name=cfg['wandb_run_name'] or os.path.basename(os.path.abspath(self.out_dir)),
-                                            tags=split_list(cfg['wandb_tags']) or None)
-            except Exception as e:
-                raise UserError(f"wandb could not start a run ({type(e).__name__}: {e}); log in (wandb login), set "
-                                f"WANDB_MODE=offline, or drop --wandb_log.") from None
+            self.wandb_run = wandb_log.start(cfg, self.out_dir)
         for name in os.listdir(self.out_dir):  # a new try of a run that stopped, or that was killed mid-save
             if name == STOPPED or name.startswith('.ckpt.pt.tmp'):
                 os.remove(os.path.join(self.out_dir, name))
@@ -326,7 +308,7 @@ class Trainer:
             self.log.write(record)
             self.log_lines += 1
             if self.wandb_run is not None:  # the same record, at the same iteration
-                self.wandb_run.log(wandb_fields(record), step=record['iter'])
+                self.wandb_run.log(wandb_log.fields(record), step=record['iter'])
 
     # ---- the loop ------------------------------------------------------------------------------------------------
 

@@ -1,25 +1,9 @@
-# A scaling ladder on a 2-core CPU: gelu, swiglu, polynorm and moa x 2 seeds x 3 sizes on the bundled Shakespeare
-# characters (12k, 98k and 332k non-embedding parameters), 7 minutes on an idle 2-core AMD EPYC (6 min 58 s
-# measured, README; 3 min 58 s on an Intel Xeon), 16 under a load of 8-15.
+# A scaling ladder on a 2-core CPU: gelu, swiglu, polynorm and moa x 2 seeds at 4 sizes of the bundled Shakespeare
+# characters (3k to 99k non-embedding parameters), each trained on 10 tokens per non-embedding parameter, every
+# variant at its own best learning rate per size (3 rates, widened where the best is at an edge). 4 sizes: the power
+# law and the effective compute multiplier are fitted. Writes out-ladder-shakespeare-char/ladder.png, summary.md, summary.json
+# and each size's own comparison in its folder. Run time: BENCHMARKS.md.
 #   python compare.py config/compare_ladder_shakespeare_char.py
-#   -> out-ladder-shakespeare-char/ladder.png, summary.md, summary.json (the ladder), and per size
-#      out-ladder-shakespeare-char/<n_layer>x<n_embd>/ the ordinary comparison (its table, loss.png, matched verdicts)
-# Every size trains on the same batches per seed for every variant, with the same 250 x 16 x 64 = 256k characters
-# (fixed iterations: the token budget does not grow with the model, so the larger sizes are further from converged;
-# pass --tokens_per_param=K to scale it) and the same learning rate (--lr_rule=width scales it as 1/width).
-#
-# Why this size. 24 runs, two at a time with one thread each (see config/compare_shakespeare_char.py for why).
-# Measured per iteration with one thread on this shared machine while its load average was ~8 (upper bounds):
-#   1x32: gelu 23 ms, moa 33 ms;  2x64: gelu 55 ms, moa 100 ms;  3x96 (3 heads of 32): gelu 100 ms, moa 190 ms.
-# With swiglu ~ gelu and polynorm between gelu and moa, that is ~0.23 CPU-s per iteration for the 4 variants of all 3
-# sizes: 2 seeds x 250 iterations x 0.23 s / 2 jobs = ~2 minutes of steps, plus ~10 s per run of start-up, 6
-# evaluations and checkpoints (24 x 10 s / 2 = 2 minutes): ~4-5 minutes when idle, ~7-9 with others on the cores.
-# Measured: `time python compare.py config/compare_ladder_shakespeare_char.py` took 6 min 58 s wall (11 min 36 s user
-#   + 47 s system CPU) on an idle 2-core AMD EPYC VM (results/ladder_shakespeare_char/); on an Intel Xeon VM 3 min 58 s
-#   when idle, 16 min 6 s while other jobs kept the load average at 8-15.
-# 2 seeds are the fewest that give a paired t interval and a seed-level CI on the trend; 3 sizes give a trend but
-# not a power-law fit (3 parameters need at least 4 sizes: the summary says "not identifiable").
-
 # Standalone on purpose (no exec of compare_shakespeare_char.py): a run is identified by its settings, so an edit to
 # the default comparison must not change, and so retrain, every run of this ladder.
 
@@ -27,10 +11,12 @@ out_dir = 'out-ladder-shakespeare-char'
 variants = 'gelu,swiglu,polynorm,moa'
 baseline = 'gelu'
 seeds = 2
-sizes = '1x32,2x64,3x96'  # n_layer x n_embd; n_head chosen for a head size of 32 (1, 2, 3 heads)
-tokens_per_param = 0.0  # fixed iterations at every size
+sizes = '1x16,1x32,2x32,2x64'  # n_layer x n_embd; n_head for a head size nearest 32 (1, 1, 1, 2 heads)
+tokens_per_param = 10.0  # iterations = 10 x N / 1,024 tokens per iteration: 31, 121, 242 and 964
 lr_rule = 'fixed'
-jobs = 2
+lr_grid = 1  # the rates learning_rate x 1/2, 1, 2 at every size
+lr_extend = True
+jobs = 0  # one run per core: threads / cores
 threads = 1
 
 dataset = 'shakespeare_char'
@@ -44,16 +30,16 @@ ffn = 'gelu'  # replaced per run by each of the variants
 
 batch_size = 16
 gradient_accumulation_steps = 1
-max_iters = 250
+max_iters = 250  # the reference schedule that tokens_per_param rescales per size
 lr_decay_iters = 250
-learning_rate = 2e-3
-min_lr = 2e-4
+learning_rate = 8e-3
+min_lr = 8e-4
 warmup_iters = 20
 beta2 = 0.99
 weight_decay = 0.1
 grad_clip = 1.0
 
-eval_interval = 50  # 5 points per curve after the untrained one
+eval_interval = 50  # 5 points per curve after the untrained one, at every size
 eval_iters = 16
 log_interval = 10
 always_save_checkpoint = True  # a cut-off ladder resumes from its last evaluation

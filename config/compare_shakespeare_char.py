@@ -1,16 +1,17 @@
-# The default comparison (`python compare.py` runs this file): 8 FFN variants x 3 seeds on the bundled Shakespeare
-# characters, on a 2-core CPU. Writes out-compare-shakespeare-char/loss.png, acts.png, summary.md and summary.json.
-# Every variant trains on the same batches per seed with the same 300 x 16 x 64 = 307k training tokens (~7% of an
-# epoch) and schedule, and is scored on the same 256 validation windows (16 batches of 16 windows of 64 characters).
-# The size is chosen for minutes on 2 cores: 2 layers, d=64, ~107k parameters (61% of them FFN), two runs side by
-# side with one thread each (threads that fight for cores make a tiny model many times slower). 3 seeds are the
-# fewest that estimate seed noise. Run time and seed noise: BENCHMARKS.md.
+# The default comparison (`python compare.py` runs this file): 8 FFN variants x 5 learning rates x 3 seeds on the
+# bundled Shakespeare characters, each variant compared at its own best rate. Writes out-compare-shakespeare-char/
+# loss.png, lr.png, acts.png, summary.md and summary.json. Every run trains on the same batches per seed for 300 x 16
+# x 64 = 307k tokens (~7% of an epoch) and is scored on the same 256 validation windows (16 batches of 16 x 64
+# characters; 8 batches choose the rate, the other 8 report). 2 layers, d=64, ~107k parameters (61% of them FFN), one
+# single-threaded run per core. Run time and seed noise: BENCHMARKS.md.
 
 out_dir = 'out-compare-shakespeare-char'
 variants = 'gelu,relu2,swiglu,polyrelu,polynorm,la,moa,moa_glu'
 baseline = 'gelu'
 seeds = 3
-jobs = 2
+lrs = '1e-3,2e-3,4e-3,8e-3,1.6e-2'  # factors of 2 around the shared rate 2e-3 (its answer is shown too)
+lr_extend = True  # a best rate at an edge tries the next one beyond it
+jobs = 0  # one run per core: threads / cores
 threads = 1
 
 dataset = 'shakespeare_char'

@@ -1,11 +1,7 @@
 # A GPT-2-small-sized dense model (12 layers, 12 heads, d=768, ~124M parameters) on OpenWebText, one GPU.
-#   python data/openwebtext/prepare.py --subsets=0-6     # ~3B tokens, so the run below never repeats data
-#   python train.py config/owt.py                        # --ffn=swiglu / polynorm / moa ... to compare FFNs
+#   python data/openwebtext/prepare.py --subsets=0-6 && python train.py config/owt.py   # --ffn=... to compare
 #   torchrun --standalone --nproc_per_node=8 train.py config/owt.py --gradient_accumulation_steps=4  # same tokens/iter
-# Tokens: 16 x 1024 x 32 accumulation steps = 524,288 tokens per iteration (0.5M, as GPT-2);
-#   5000 iterations = 2.6B tokens (~21 tokens per parameter, about Chinchilla-optimal).
-# Time (an ESTIMATE from FLOPs, not a measurement): 6 * N * tokens = 6 * 124e6 * 2.6e9 = 1.95e18 FLOPs, plus ~15%
-#   for attention, / (0.4 * 989e12 FLOP/s) ~ 5,700 s: about 1.5-2 hours on one H100/H200 in bf16 with compile.
+# Tokens: 2.6B (~21 per parameter). Time: an ESTIMATE, never measured: about 1.5-2 hours on one H100/H200.
 
 out_dir = 'out-owt'
 dataset = 'openwebtext'

@@ -1,9 +1,7 @@
-# A small character-level GPT on the bundled Shakespeare corpus, sized for a laptop CPU.
-#   python data/shakespeare_char/prepare.py      # once, ~1 s
-#   python train.py config/shakespeare_char.py   # then: python sample.py --out_dir=out-shakespeare-char
-#   python train.py config/shakespeare_char.py --ffn=polynorm --out_dir=out-sc-polynorm   # another FFN
-# Tokens: 2000 iterations x 12 x 64 = 1.5M (~0.34 epoch of the 4.5M training characters); ~0.8M parameters.
-# Run time and best validation losses: BENCHMARKS.md.
+# A small character-level GPT on the bundled Shakespeare corpus, sized for a laptop CPU (~0.8M parameters).
+#   python data/shakespeare_char/prepare.py && python train.py config/shakespeare_char.py   # --ffn=... to compare
+#   python sample.py --out_dir=out-shakespeare-char
+# Tokens: 2000 x 12 x 64 = 1.5M (~0.34 epoch). Run time and best validation losses: BENCHMARKS.md.
 
 out_dir = 'out-shakespeare-char'
 dataset = 'shakespeare_char'

@@ -1,10 +1,6 @@
-# nanoGPT's "baby GPT" on the bundled Shakespeare characters, for one GPU.
+# nanoGPT's "baby GPT" on the bundled Shakespeare characters, one GPU (it overfits: dropout, best checkpoint only).
 #   python data/shakespeare_char/prepare.py && python train.py config/shakespeare_char_gpu.py
-# Tokens: 5000 iterations x 64 x 256 = 82M tokens (~18 epochs of the 4.5M training characters: it overfits, hence
-# dropout 0.2 and saving only the best checkpoint).
-# Time (an estimate from FLOPs, not a measurement): N ~ 10.7M parameters, 6 * N * tokens + attention ~ 6e15 FLOPs,
-# / (0.4 * 989e12 FLOP/s) ~ 15 s of compute on an H100/H200; small models reach far below 40% MFU, so expect a few
-# minutes including compilation and evaluation.
+# Tokens: 5000 x 64 x 256 = 82M (~18 epochs). Time: an ESTIMATE, never measured: a few minutes on one H100/H200.
 
 out_dir = 'out-shakespeare-char-gpu'
 dataset = 'shakespeare_char'

@@ -1,2 +1,1 @@
-"""Data for nanoFFN: tokenizers (tokenizer.py), the token shard format (shards.py), the training/validation
-loader (loader.py) and one prepare.py per dataset (shakespeare_char, shakespeare, openwebtext, fineweb10B, text)."""
+"""Data for nanoFFN: tokenizers, token shards, the training loader and one prepare.py per dataset (see README.md)."""

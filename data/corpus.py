@@ -1,14 +1,11 @@
-"""The bundled Shakespeare corpus (data/shakespeare.txt.gz) and its train/val split.
-
-Validation holds out whole works: the tail of the file from the work start nearest to 90% of the characters (the
-last four works, 10.4%), so a model is scored on plays it has never seen a line of (see data/README.md).
-"""
+"""The bundled Shakespeare corpus, its train/val split by whole works, and both Shakespeare scripts' command line."""
 import gzip
 import os
 import re
 import time
 
 from configurator import UserError, parse_args
+from data.shards import SHARD_TOKENS
 from data.tokenizer import read_vendored
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shakespeare.txt.gz")
@@ -23,13 +20,7 @@ def read_shakespeare(path=CORPUS):
 
 def work_starts(text):
     """Offsets where each work begins: its title line, the last line before 'by William Shakespeare'."""
-    starts = []
-    for m in re.finditer(r"(?m)^by William Shakespeare$", text):
-        end_of_title = m.start()
-        while end_of_title > 0 and text[end_of_title - 1] == "\n":
-            end_of_title -= 1
-        starts.append(text.rfind("\n", 0, end_of_title) + 1)
-    return starts
+    return [m.start() for m in re.finditer(r"(?m)^.*\n+by William Shakespeare$", text)]
 
 
 def split_works(text, val_fraction=0.1):
@@ -42,9 +33,10 @@ def split_works(text, val_fraction=0.1):
     return text[:cut], text[cut:]
 
 
-def prepare_main(prepare, defaults, doc, argv):
-    """The command line of both Shakespeare prepare scripts; reports what was written."""
-    name = os.path.basename(defaults["out_dir"])  # the script's own folder: shakespeare or shakespeare_char
+def prepare_main(prepare, out_dir, doc, argv):
+    """The command line of both Shakespeare prepare scripts (--out_dir, --shard_tokens); reports what was written."""
+    name = os.path.basename(out_dir)  # the script's own folder: shakespeare or shakespeare_char
+    defaults = dict(out_dir=out_dir, shard_tokens=SHARD_TOKENS)
     cfg, _ = parse_args(defaults, argv, prog=f"data/{name}/prepare.py", doc=doc)
     t0 = time.time()
     meta = prepare(cfg["out_dir"], cfg["shard_tokens"])

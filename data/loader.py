@@ -1,13 +1,8 @@
-"""The one data loader used by training: random windows from token shards, reproducible and resumable.
+"""The one data loader used by training: random windows of token shards, reproducible and resumable (data/README.md).
 
     loader = DataLoader("shakespeare_char", block_size=256, batch_size=64, seed=1337)
     x, y = loader.next_batch()          # (B, T) int64 CPU tensors, y is x shifted by one token
     evals = loader.val_batches(20)      # the same 20 batches for every run on this dataset
-
-Training micro-batch k is drawn from a generator seeded by (seed, k), so the stream depends only on (dataset, seed,
-batch_size, block_size); DDP rank r of W takes micro-batches r, r+W, ..., and resuming needs only the count. A
-window is T+1 tokens of one shard, uniform over all windows of the split. Validation batches come from a fixed seed:
-every run is scored on the same windows. Why each choice: data/README.md.
 """
 import hashlib
 import os
@@ -28,7 +23,6 @@ PREPARE_COMMANDS = {
     "shakespeare": "python data/shakespeare/prepare.py",
     "openwebtext": "python data/openwebtext/prepare.py",
     "fineweb10B": "python data/fineweb10B/prepare.py --shards=8",
-    "text": "python data/text/prepare.py --input=YOUR_FILES",
 }
 
 
@@ -138,8 +132,7 @@ class DataLoader:
                 "batch_hash": self.batch_hash}
 
     def load_state_dict(self, state):
-        """Continues the stream exactly where the saved loader stopped. The world size may change if the number of
-        micro-batches consumed in all divides evenly; the batch_hash continues from the saving rank's."""
+        """Continues the stream exactly where the saved loader stopped, re-split if the world size changed."""
         for key in ("dataset", "seed", "batch_size", "block_size"):
             if state[key] != getattr(self, key):
                 raise UserError(f"cannot resume the data stream: it was saved with {key}={state[key]!r} but this run "

@@ -1,8 +1,5 @@
-"""The token shard format (modded-nanogpt's): a 256 x int32 little-endian header [20240520, 1, n_tokens, id_bound, 0...]
-then n_tokens little-endian uint16 tokens. id_bound = 1 + the largest token id (0 = not recorded, as in other tools'
-shards), so the loader can check a shard against the vocabulary without reading it. The header catches a truncated
-or foreign file when it is opened, with one sentence naming it. Shards are written atomically (rundir.write_file).
-"""
+"""Token shards (modded-nanogpt's format): a 256 x int32 header [20240520, 1, n_tokens, 1 + largest id or 0, 0...],
+then n_tokens uint16 tokens, little-endian. Written atomically, checked when opened (details: data/README.md)."""
 import contextlib
 import glob
 import os

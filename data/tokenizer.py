@@ -1,10 +1,4 @@
-"""Tokenizers: GPT-2 BPE built offline from the vendored rank file, and a character-level vocabulary.
-
-tiktoken.get_encoding("gpt2") would download its files; we build the identical encoding from data/gpt2.tiktoken
-after checking its sha256. A dataset's meta.json names its tokenizer and get_tokenizer(meta) rebuilds it:
-    {"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256}
-    {"tokenizer": "char", "vocab_size": 84, "itos": ["\\n", " ", "!", ...]}
-"""
+"""Tokenizers: GPT-2 BPE built offline from data/gpt2.tiktoken, and a character vocabulary (see data/README.md)."""
 import base64
 import functools
 import hashlib
@@ -96,9 +90,7 @@ class CharTokenizer:
 
 
 def get_tokenizer(meta):
-    """The tokenizer described by a dataset's meta.json dict (or just its name, 'gpt2')."""
-    if isinstance(meta, str):
-        meta = {"tokenizer": meta}
+    """The tokenizer described by a dataset's meta.json dict."""
     name = meta.get("tokenizer")
     if name == "gpt2":
         return GPT2Tokenizer()

@@ -27,15 +27,12 @@ from test_docs import readme_variant_problems  # noqa: E402
 from test_hostile import TINY  # noqa: E402
 
 
-class SwishBeta(nn.Module):
+class SwishBeta(A.Activation):
     """φ(h) = h·σ(βh), β learned per FFN, init 1 (Ramachandran et al. 2017, "Searching for Activation Functions")."""
 
     def __init__(self):
         super().__init__()
         self.beta = nn.Parameter(torch.tensor(1.0))
-
-    def token_coefs(self, x):
-        return None
 
     def forward(self, h, coefs=None):
         return h * torch.sigmoid(self.beta * h)
@@ -93,7 +90,8 @@ def test_the_guides_commands_train_and_report_the_new_activation(added, shakespe
     with the new entry train; what they learned is in the log, the summary and the pictures."""
     out = str(tmp_path / 'cmp')
     argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--variants=gelu,swish_beta,la', '--seeds=1',
-            '--act_dict=identity,relu,gelu,softplus', '--max_iters=4', '--eval_interval=2', '--learning_rate=1e-2', *TINY]
+            '--act_dict=identity,relu,gelu,softplus', '--lrs=', '--learning_rate=1e-2', '--max_iters=4',
+            '--eval_interval=2', *TINY]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         for run in compare.plan(compare.settings(argv))[3]:  # the runs compare.py plans, trained here
             train.main(to_argv(run['settings']))

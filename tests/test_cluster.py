@@ -25,7 +25,8 @@ from configurator import DEFAULTS, TYPES, UserError, run_cli  # noqa: E402
 
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
         '--lr_decay_iters=4', '--warmup_iters=1', '--eval_interval=2', '--eval_iters=2', '--log_interval=1',
-        '--device=cpu', '--compile=False', '--dtype=float32', '--variants=gelu,moa', '--seeds=2', '--threads=1']
+        '--device=cpu', '--compile=False', '--dtype=float32', '--variants=gelu,moa', '--seeds=2', '--threads=1',
+        '--lrs=']
 # the README's one-liner: each line of the plan is one `sh -c` command, two at a time
 XARGS = "xargs -d '\\n' -n 1 -P 2 sh -c < plan.txt"
 
@@ -269,7 +270,7 @@ def test_bar_on_a_terminal_redraws_on_stderr_only(shakespeare_char_dir, tmp_path
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack('HHHH', 24, 100, 0, 0))  # a 100-column terminal
     cmd = [sys.executable, os.path.join(REPO, 'train.py'), f'--data_dir={shakespeare_char_dir}',
-           f'--out_dir={tmp_path}', *[a for a in TINY if not a.startswith(('--variants', '--seeds', '--threads'))]]
+           f'--out_dir={tmp_path}', *[a for a in TINY if not a.startswith(('--variants', '--seeds', '--threads', '--lrs'))]]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave, text=True, env=env())
     os.close(slave)
     tty = b''

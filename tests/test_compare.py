@@ -28,7 +28,7 @@ VARIANTS = ['gelu', 'moa']  # a fixed activation and one that logs what it learn
 SEEDS = [1337, 1338]
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
         '--lr_decay_iters=4', '--warmup_iters=1', '--eval_interval=2', '--eval_iters=2', '--log_interval=1',
-        '--device=cpu', '--compile=False', '--dtype=float32']
+        '--device=cpu', '--compile=False', '--dtype=float32', '--lrs=']  # one rate (the default config sweeps 5)
 
 
 def args(data_dir, out_dir, *extra):
@@ -240,10 +240,12 @@ def test_configs_plan(name):
     """Each shipped comparison config parses and plans (valid variants, baseline, keys) without training anything."""
     cfg = compare.settings([os.path.join(REPO, 'config', f'{name}.py')])
     variants, seeds, baseline, planned = compare.plan(cfg)
-    assert baseline == 'gelu' and len(planned) == len(variants) * len(seeds)
+    rates = compare.learning_rates(cfg) or [None]
+    assert baseline == 'gelu' and len(planned) == len(variants) * len(seeds) * len(rates)
     if name == 'compare_shakespeare_char':
         assert set(variants) >= {'gelu', 'relu2', 'swiglu', 'polyrelu', 'polynorm', 'la', 'moa', 'moa_glu'}
         assert len(seeds) >= 2 and cfg['device'] == 'cpu' and cfg['dtype'] == 'float32'
+        assert len(rates) >= 3 and cfg['learning_rate'] in rates and cfg['lr_extend']
     else:
         assert cfg['dataset'] == 'openwebtext' and cfg['compile'] is True and cfg['dtype'] == 'bfloat16'
         assert (cfg['n_expert'], cfg['top_k']) == ((8, 2) if name.endswith('moe') else (0, 2))

@@ -160,7 +160,7 @@ def compared(tmp_path_factory):
     out = root / 'cmp'
     # the default comparison's config is read first (CPU settings): every setting that matters is given here
     cmd = [sys.executable, 'compare.py', f'--data_dir={root / "data"}', '--dataset=synthetic', f'--out_dir={out}',
-           '--device=cuda', '--compile=True', '--dtype=bfloat16', '--variants=gelu,moa_glu', '--seeds=1', '--jobs=2',
+           '--device=cuda', '--compile=True', '--dtype=bfloat16', '--variants=gelu,moa_glu', '--seeds=1', '--lrs=', '--jobs=2',
            '--max_iters=20', '--lr_decay_iters=20', '--eval_interval=10', '--log_interval=5', '--eval_iters=4',
            '--warmup_iters=2', '--learning_rate=3e-3', '--min_lr=3e-4', '--n_layer=2', '--n_head=4', '--n_embd=128',
            '--block_size=128', '--batch_size=16']

@@ -287,7 +287,7 @@ def test_a_run_directory_has_one_owner(world, tmp_path, capsys):
 def test_two_compares_on_one_out_dir_train_each_run_once(world, tmp_path):
     """Started together, two compare.py share the runs through their directories' locks: each run is trained by one
     of them (its train.out holds one train.py command), and both finish with the full summary."""
-    cmd = [sys.executable, 'compare.py', '--variants=gelu', '--seeds=1', '--max_iters=2', '--eval_interval=2',
+    cmd = [sys.executable, 'compare.py', '--variants=gelu', '--seeds=1', '--lrs=', '--max_iters=2', '--eval_interval=2',
            *TINY, f'--data_dir={world.data}', f'--out_dir={tmp_path}']
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
     procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

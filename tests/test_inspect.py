@@ -36,7 +36,7 @@ TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_
 def compared(shakespeare_char_dir, tmp_path_factory):
     out = str(tmp_path_factory.mktemp('inspect') / 'cmp')
     argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', f'--variants={",".join(VARIANTS)}', '--seeds=2',
-            '--jobs=2', '--threads=1', *TINY]
+            '--lrs=', '--jobs=2', '--threads=1', *TINY]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         for run in compare.plan(compare.settings(argv))[3]:  # the very runs compare.py plans, trained here
             train.main(to_argv(run['settings']))

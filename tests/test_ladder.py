@@ -94,7 +94,8 @@ def test_tiny_ladder_with_tuned_rates_end_to_end_and_reused(shakespeare_char_dir
     out = str(tmp_path / 'ladder')
     sizes = ['1x16', '1x32', '1x48', '1x64']
     argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--variants=gelu,polynorm', '--seeds=2',
-            f'--sizes={",".join(sizes)}', '--lr_grid=1', '--learning_rate=4e-3', '--min_lr=4e-4', *TINY]
+            f'--sizes={",".join(sizes)}', '--lrs=', '--lr_grid=1', '--lr_extend=False', '--learning_rate=4e-3',
+            '--min_lr=4e-4', *TINY]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         compare.main(argv)
     with open(os.path.join(out, 'summary.json')) as f:

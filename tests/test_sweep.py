@@ -69,7 +69,7 @@ def test_the_chosen_rates_are_the_known_optima_and_an_edge_is_extended_to_the_in
 
 
 def test_without_extension_an_edge_optimum_is_flagged(tmp_path):
-    cfg = settings(tmp_path / 'cmp')
+    cfg = settings(tmp_path / 'cmp', '--lr_extend=False')
     planned = train_synthetically(cfg)
     chosen = report.choose_rates(planned, {r['dir']: 'done' for r in planned})
     assert chosen['gelu'] == {**chosen['gelu'], 'best': 4e-3, 'edge': 'high'} and chosen['swiglu']['edge'] is None
@@ -90,7 +90,7 @@ def test_the_extension_is_bounded(tmp_path):
 def test_the_report_half_cannot_influence_the_choice(tmp_path):
     """The same selection halves with two opposite report halves: the same choice, and the reported losses are the
     report half's."""
-    cfg = settings(tmp_path / 'cmp')
+    cfg = settings(tmp_path / 'cmp', '--lr_extend=False')
     planned = compare.plan(cfg)[3]
     statuses = {r['dir']: 'done' for r in planned}
     choices = []
@@ -122,7 +122,7 @@ def test_a_tiny_sweep_end_to_end_reused_and_planned(shakespeare_char_dir, tmp_pa
     out = tmp_path / 'cmp'
     argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--variants=gelu,swiglu', '--seeds=2',
             '--max_iters=4', '--eval_interval=2', '--jobs=2', '--threads=1', *TINY, '--lrs=1e-3,2e-3,4e-3',
-            '--learning_rate=2e-3']
+            '--learning_rate=2e-3', '--lr_extend=False']
     code, err = call(compare.main, argv, capsys)
     assert code == 0, err
     summary = json.loads((out / 'summary.json').read_text())

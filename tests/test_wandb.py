@@ -119,7 +119,7 @@ def test_train_logs_every_field_of_log_jsonl(shakespeare_char_dir, tmp_path):
 def test_compare_groups_a_comparison_and_tags_variant_and_seed(shakespeare_char_dir, tmp_path):
     out_dir = tmp_path / 'cmp'
     run_script(['compare.py', *TINY, f'--data_dir={shakespeare_char_dir}', f'--out_dir={out_dir}',
-                '--variants=gelu,polynorm', '--seeds=1', '--jobs=2', '--threads=1', '--wandb_log=True',
+                '--variants=gelu,polynorm', '--seeds=1', '--lrs=', '--jobs=2', '--threads=1', '--wandb_log=True',
                 '--wandb_tags=tiny'], tmp_path)
     runs = {run.display_name: (run, history) for run, history in offline_runs(tmp_path)}
     assert sorted(runs) == ['gelu-seed1337', 'polynorm-seed1337']

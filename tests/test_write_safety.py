@@ -182,7 +182,7 @@ def test_a_full_disk_is_a_one_sentence_stop(shakespeare_char_dir, tmp_path, monk
 def compared(shakespeare_char_dir, tmp_path_factory):
     """A finished tiny comparison (gelu, la x 1 seed), its runs trained in this process."""
     out = str(tmp_path_factory.mktemp('cmp') / 'cmp')
-    argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--variants=gelu,la', '--seeds=1',
+    argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--variants=gelu,la', '--seeds=1', '--lrs=',
             '--max_iters=4', '--eval_interval=2', *TINY]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         for run in compare.plan(compare.settings(argv))[3]:
@@ -281,7 +281,7 @@ def test_a_ladder_report_checks_every_size_before_writing(compared, shakespeare_
     """Size 1x32 finished, 1x16 never trained: --report refuses and writes nothing, not even 1x32's summary."""
     out = str(tmp_path / 'ladder')
     argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--variants=gelu', '--seeds=1', '--max_iters=2',
-            '--eval_interval=2', *TINY, '--sizes=1x32x2,1x16x2']
+            '--eval_interval=2', '--lrs=', *TINY, '--sizes=1x32x2,1x16x2']
     with contextlib.redirect_stderr(io.StringIO()):
         for run in compare.plan(compare.settings(argv + ['--sizes=', f'--out_dir={out}/1x32']))[3]:
             train.main(to_argv(run['settings']))
@@ -303,7 +303,7 @@ def test_a_wandb_that_cannot_be_imported_is_refused_before_the_old_run_is_replac
                                          f"--data_dir={compare.settings([f'--out_dir={out}'])['data_dir']}"], capsys)
     assert_one_sentence(code, err, 2, 'wandb')
     assert files(run) == before
-    code, err = call(compare.main, [f'--out_dir={out}/other', '--wandb_log=True', *TINY], capsys)
+    code, err = call(compare.main, [f'--out_dir={out}/other', '--wandb_log=True', '--lrs=', *TINY], capsys)
     assert_one_sentence(code, err, 2, 'wandb')
     assert not os.path.exists(f'{out}/other')
 
@@ -338,7 +338,7 @@ def test_a_nan_temperature_in_a_config_file_is_refused(compared, tmp_path, capsy
 def test_a_plan_line_killed_before_its_first_checkpoint_is_planned_again_and_finishes(shakespeare_char_dir, tmp_path):
     out = str(tmp_path / 'cmp')
     argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--variants=gelu', '--seeds=1', '--max_iters=400',
-            '--eval_interval=200', *TINY]
+            '--eval_interval=200', '--lrs=', *TINY]
 
     def plan_lines():
         with contextlib.redirect_stdout(io.StringIO()) as buf, contextlib.redirect_stderr(io.StringIO()):

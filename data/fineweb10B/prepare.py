@@ -1,12 +1,8 @@
-"""Fetches FineWeb 10B already in GPT-2 tokens (modded-nanogpt's shards): a GPU run starts in minutes, no tokenising.
+"""Fetches the FineWeb 10B shards not yet in place, already in GPT-2 tokens (modded-nanogpt's): no tokenising.
 
     python data/fineweb10B/prepare.py                 # the validation shard + 8 train shards (0.9B tokens, ~1.8 GB)
     python data/fineweb10B/prepare.py --shards=103    # every train shard: 10.3B tokens (~20.6 GB)
     python train.py config/fineweb10B.py
-
-Downloads the validation shard and the first --shards train shards of the hub dataset kjj0/fineweb10B-gpt2 (100M
-tokens each, in our shard format), refuses a corrupt download by name, and writes meta.json last. Whole shards
-already in place are kept, so a rerun (or one with more --shards) fetches only what is missing.
 """
 import os
 import shutil

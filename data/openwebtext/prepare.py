@@ -3,10 +3,7 @@
     python data/openwebtext/prepare.py                    # subsets 0 and 1 (~1.3 GB download, ~1.7 GB of shards)
     python data/openwebtext/prepare.py --subsets=0-4      # or --subsets=0,3,7 or --num_subsets=21 (all)
 
-Each subset archive (21, ~630 MB each) is downloaded at a pinned REVISION and streamed: documents are cleaned,
-tokenised as [EOT] + tokens and cut into train_sNN_000.bin, ... and val_sNN_000.bin (a fixed 0.5% of documents).
-Resumable: done subsets (done_sNN.json) are skipped, an interrupted one is redone into byte-identical shards, named
-partial_* (unseen by the loader) until it is done. Details: data/README.md.
+Each subset (~630 MB) is downloaded at a pinned REVISION and streamed into shards; a rerun skips finished subsets.
 """
 import glob
 import hashlib
@@ -150,8 +147,7 @@ def document_batches(archive_path, docs_per_batch=DOCS_PER_BATCH):
 
 
 def prefetch(iterator):
-    """Yields iterator's items, reading the next one in a background thread meanwhile, so xz decompression overlaps
-    tokenization (both release the GIL). An exception of the iterator is raised here."""
+    """Yields iterator's items while a thread reads the next one: xz decompression overlaps tokenization."""
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(next, iterator, None)
         while (item := future.result()) is not None:
@@ -160,8 +156,7 @@ def prefetch(iterator):
 
 
 class ShardWriter:
-    """Cuts a token stream into NAME_000.bin, NAME_001.bin, ... of shard_tokens tokens (the last shorter), written
-    to out_dir with the STAGING prefix; close() returns their names."""
+    """Cuts a token stream into STAGING + NAME_000.bin, ... of shard_tokens tokens; close() returns their names."""
 
     def __init__(self, out_dir, name, shard_tokens):
         self.out_dir, self.name, self.names = out_dir, name, []
@@ -198,8 +193,7 @@ def is_done(out_dir, subset, shard_tokens=SHARD_TOKENS, val_fraction=VAL_FRACTIO
     return settings == (REVISION, shard_tokens, val_fraction)
 
 
-def prepare_subset(subset, archive_path, out_dir, shard_tokens=SHARD_TOKENS, val_fraction=VAL_FRACTION,
-                   num_threads=None, docs_per_batch=DOCS_PER_BATCH):
+def prepare_subset(subset, archive_path, out_dir, shard_tokens=SHARD_TOKENS, val_fraction=VAL_FRACTION, num_threads=None):
     """Tokenises one downloaded subset archive into its shards and writes its done record; returns the record."""
     tag = f"s{subset:02d}"
     for path in glob.glob(os.path.join(glob.escape(out_dir), f"*_{tag}_*")):  # [partial_]{train,val}_sNN_*
@@ -211,7 +205,7 @@ def prepare_subset(subset, archive_path, out_dir, shard_tokens=SHARD_TOKENS, val
     outer.close()
     total = sum(m.size for m in xz_members)
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"tokenizing subset {subset:02d}") as bar:
-        for keys, texts, nbytes in prefetch(document_batches(archive_path, docs_per_batch)):
+        for keys, texts, nbytes in prefetch(document_batches(archive_path)):
             for key, ids in zip(keys, tok.encode_batch(texts, num_threads)):
                 tokens = np.array([EOT] + ids, dtype=np.uint16)
                 if is_val(key, val_fraction):
@@ -223,13 +217,12 @@ def prepare_subset(subset, archive_path, out_dir, shard_tokens=SHARD_TOKENS, val
             bar.update(nbytes)
             bar.set_postfix(docs=n_docs, tokens=train.tokens + val.tokens)
     # the subset is complete: give its shards their final names (train_sNN_*, read by the loader), then the record
-    shards = {"train": train.close(), "val": val.close()}
-    for name in shards["train"] + shards["val"]:
+    for name in train.close() + val.close():
         os.replace(os.path.join(out_dir, STAGING + name), os.path.join(out_dir, name))
     record = {"subset": subset, "file": subset_filename(subset), "repo": REPO_ID, "revision": REVISION,
               "shard_tokens": shard_tokens, "val_fraction": val_fraction, "documents": n_docs,
               "val_documents": n_val_docs, "train_tokens": train.tokens, "val_tokens": val.tokens,
-              "train_shards": shards["train"], "val_shards": shards["val"]}
+              "train_shards": train.names, "val_shards": val.names}
     write_json(os.path.join(out_dir, f"done_{tag}.json"), record)
     return record
 

@@ -1,9 +1,6 @@
 """Prepares shakespeare: the bundled Shakespeare corpus in GPT-2 BPE tokens, offline, in a few seconds.
 
     python data/shakespeare/prepare.py [--out_dir=DIR] [--shard_tokens=N]
-
-Writes train_000.bin, val_000.bin and meta.json. Validation holds out the same whole works as shakespeare_char (see
-data/corpus.py); the works follow each other with no EOT between them, one continuous text as in nanoGPT.
 """
 import os
 import sys
@@ -17,11 +14,6 @@ from configurator import run_cli
 from data.corpus import VAL_WORKS, prepare_main, read_shakespeare, split_works, work_starts
 from data.shards import SHARD_TOKENS, check_out_dir, write_dataset
 from data.tokenizer import GPT2Tokenizer
-
-DEFAULTS = dict(
-    out_dir=HERE,  # where the shards and meta.json go
-    shard_tokens=SHARD_TOKENS,  # tokens per shard at most
-)
 
 
 def encode_works(tok, text):
@@ -41,7 +33,7 @@ def prepare(out_dir=HERE, shard_tokens=SHARD_TOKENS):
 
 
 def main(argv):
-    prepare_main(prepare, DEFAULTS, __doc__, argv)
+    prepare_main(prepare, HERE, __doc__, argv)
 
 
 if __name__ == "__main__":

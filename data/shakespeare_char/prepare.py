@@ -1,9 +1,6 @@
 """Prepares shakespeare_char: the bundled Shakespeare corpus, one token per character, offline, in about a second.
 
     python data/shakespeare_char/prepare.py [--out_dir=DIR] [--shard_tokens=N]
-
-Writes train_000.bin, val_000.bin and meta.json (with the 84-character vocabulary that sampling decodes with).
-Validation holds out whole works (see data/corpus.py).
 """
 import os
 import sys
@@ -18,11 +15,6 @@ from data.corpus import VAL_WORKS, prepare_main, read_shakespeare, split_works
 from data.shards import SHARD_TOKENS, check_out_dir, write_dataset
 from data.tokenizer import CharTokenizer
 
-DEFAULTS = dict(
-    out_dir=HERE,  # where the shards and meta.json go
-    shard_tokens=SHARD_TOKENS,  # tokens per shard at most
-)
-
 
 def prepare(out_dir=HERE, shard_tokens=SHARD_TOKENS):
     """Writes the dataset into out_dir and returns its meta dict."""
@@ -36,7 +28,7 @@ def prepare(out_dir=HERE, shard_tokens=SHARD_TOKENS):
 
 
 def main(argv):
-    prepare_main(prepare, DEFAULTS, __doc__, argv)
+    prepare_main(prepare, HERE, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,7 @@
     python data/text/prepare.py --input=notes.txt,books/ [--tokenizer=gpt2|char] [--name=text]
     python train.py --dataset=text ...
 
-Each file is a document; folders are searched recursively for *.txt, files taken in sorted path order. gpt2 writes
-every document as [EOT] + its tokens; char joins documents with a blank line (its vocabulary goes to meta.json).
-Validation is the last --val_fraction of the token stream: put the text you want held out last.
+Each file is a document; validation is the last --val_fraction of the token stream, so put held-out text last.
 """
 import os
 import sys
