@@ -1,19 +1,16 @@
 """
-What only comparisons spread over GPUs or machines need: placing runs on the visible GPUs, and handing the runs to
-another scheduler (--plan) and reporting on what it trained (--report).
+Placing a comparison's runs on the visible GPUs, or handing them to another scheduler (--plan, then --report).
 
     python compare.py ... --plan > plan.txt            # the exact command of every run still to do, one per line
     xargs -d '\\n' -n 1 -P 4 sh -c < plan.txt           # or one Slurm array task per line, on a shared filesystem
     python compare.py ... --report                     # the summary and pictures from the finished run directories
-
-A plan line is train.py with every setting explicit and absolute paths (runs.train_command, the same command compare.py
-runs itself), writing into the run's own directory; --nproc_per_run=N makes each line a torchrun of N processes.
 """
 import os
+import shlex
 import sys
 
 from configurator import UserError
-from runs import command_line, describe_progress
+from runs import train_command
 
 
 def visible_gpus():
@@ -27,9 +24,8 @@ def visible_gpus():
 
 
 def resolve_jobs(cfg):
-    """The GPUs to place runs on (none for CPU runs, or for a device named explicitly, e.g. cuda:1) and the number of
-    runs at a time: --jobs, or with --jobs=0 one per group of nproc_per_run GPUs; without GPUs, one per --threads
-    cores when --threads is set (small models train fastest one thread each, side by side), else one."""
+    """The GPUs to place runs on (none on a CPU or a device named explicitly, e.g. cuda:1) and the runs at a time:
+    --jobs, else one per nproc_per_run GPUs, else one per --threads CPU cores (tiny models train fastest so), else 1."""
     gpus = visible_gpus() if cfg['device'] in ('auto', 'cuda') else []
     nproc = cfg['nproc_per_run']
     if gpus and nproc > len(gpus):
@@ -39,8 +35,8 @@ def resolve_jobs(cfg):
 
 
 def placement(slots, gpus, nproc):
-    """The GPUs of each of `slots` runs trained at the same time: the GPUs cut into groups of nproc (one GPU per DDP
-    process), dealt round robin, so 8 runs on 4 GPUs are 2 per GPU. None per slot when there are no GPUs to place on."""
+    """The GPUs of each of `slots` runs at a time: groups of nproc GPUs (one per DDP process) dealt round robin, so 8
+    runs on 4 GPUs are 2 per GPU; None per slot when there are no GPUs to place on."""
     if not gpus:
         return [None] * slots
     groups = [gpus[i:i + nproc] for i in range(0, len(gpus) - nproc + 1, nproc)]
@@ -53,17 +49,12 @@ def gpu_env(gpus):
 
 
 def print_plan(todo, n_runs, threads):
-    """--plan: the command of every run still to do on stdout, one per line; what to do next on stderr."""
+    """--plan: for every run still to do, the command compare.py would run (runs.train_command) on a line of stdout;
+    what to do next on stderr."""
+    prefix = f"OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} " if threads else ''
     for run, mode in todo:
-        print(command_line(run, mode, threads))
+        print(prefix + shlex.join(train_command(run, mode)))
     print(f"compare: {len(todo)} of {n_runs} runs to do" + (
         "; run these lines anywhere that sees this filesystem, then the same command with --report instead of --plan "
         "builds the summary" if todo else ", all finished: --report instead of --plan builds the summary"),
         file=sys.stderr)
-
-
-def check_finished(todo, n_runs):
-    """--report: refuse, before writing anything, while runs are still to do."""
-    if todo:
-        raise UserError(f"--report: {len(todo)} of {n_runs} runs are not finished ({describe_progress(todo[0][0])}); "
-                        f"run the commands --plan prints, or drop --report to train them here.")

@@ -1,6 +1,5 @@
 """
-Run a comparison: train FFN variants side by side on the same batches, N runs at a time on this machine, then write
-their report (report.py) and pictures (plots.py, inspect_run.py). The one command behind the README's results.
+Run a comparison: train FFN variants side by side on the same batches, N runs at a time, then write their report.
 
     python compare.py                                                       # = config/compare_shakespeare_char.py
     python compare.py --variants=gelu,polynorm --seeds=2 --max_iters=300    # the default comparison, changed
@@ -8,21 +7,9 @@ their report (report.py) and pictures (plots.py, inspect_run.py). The one comman
     python compare.py config/compare_ladder_shakespeare_char.py             # a scaling ladder (--sizes)
     python compare.py --help                                                # every key, as a bare run has it
 
-Every run is a plain train.py run in its own directory (runs.py), with the same settings except ffn and seed: all
-variants of a seed see the same training batches, all runs are scored on the same validation windows, and all share
-the token budget and schedule (the logs' batch_hash and val_hash are checked). Seeds are seed, seed+1, ...
---jobs=N trains N runs at a time and --threads=T gives each T threads: on a CPU, tiny models train fastest as one
-single-threaded run per core. On GPUs the runs are placed on the visible GPUs, one per GPU by default (cluster.py).
-
-Re-running the same command reuses what is there: a finished run as it is, a cut-off run from its checkpoint; a run
-that stopped (a non-finite loss) is reported as stopped rather than retried (delete its directory to retry it); a
-directory whose run has other settings is refused unless --overwrite=True. Two compare.py on one out_dir share the
-work (each run directory is locked by the process training it).
-
-Writes into out_dir: summary.md and summary.json (report.py), loss.png (plots.py), acts.png and acts.json
-(inspect_run.py), and the table on stdout (progress goes to stderr: `python compare.py > table.md` keeps the results).
-A scaling ladder (--sizes=2x64,3x96,4x128) runs the comparison at every size, each in out_dir/<size>/, then writes
-the ladder's own summary.md, summary.json and ladder.png (ladder.py).
+Each run is a plain train.py run in its own directory (runs.py). The same command again reuses finished and stopped
+runs, resumes cut-off ones and refuses other settings unless --overwrite=True. Writes summary.md, summary.json, loss.png
+and acts.png into out_dir (a ladder: each size's in out_dir/<size>/, then its own), the table on stdout.
 """
 import os
 import signal
@@ -49,15 +36,12 @@ COMPARE_DEFAULTS = dict(
     smooth=0.9,  # EMA factor for the plotted training loss (per log line), 0 = raw
     jobs=0,  # runs trained at the same time; 0 = one per visible GPU (nproc_per_run GPUs), or per --threads CPU cores
     threads=0,  # OMP_NUM_THREADS for each run; 0 = leave the environment's setting
-    # a scaling ladder (ladder.py): the comparison at several sizes, each in <out_dir>/<n_layer>x<n_embd>/
     sizes='',  # '' = one size (n_layer, n_embd, n_head as set); e.g. 2x64,3x96,4x128 (n_layer x n_embd [x n_head])
     tokens_per_param=0.0,  # 0 = max_iters at every size; K > 0: K tokens per non-embedding parameter of the baseline
     lr_rule='fixed',  # 'fixed': learning_rate at every size; 'width': learning_rate x first width / width
-    # learning rates: every variant at every rate, each compared at its own best (report.py)
     lrs='',  # comma-separated rates to try, learning_rate among them (its answer is shown too); '' = learning_rate only
     lr_grid=0,  # K > 0: the rates learning_rate x 2^j for j = -K..K (instead of --lrs)
     lr_extend=False,  # a variant whose best rate is the smallest or largest tried also tries the next one beyond it
-    # other schedulers and GPUs (cluster.py)
     nproc_per_run=1,  # processes per run: more than 1 launches each run with torchrun (DDP on that many GPUs)
     plan=False,  # print the command of every run still to do, one per line, for another scheduler; train nothing
     report=False,  # build the summary and pictures from finished run directories; train nothing
@@ -67,15 +51,13 @@ DEFAULT_CONFIG = 'config/compare_shakespeare_char.py'  # what `python compare.py
 BUNDLED = ('shakespeare_char', 'shakespeare')  # built from the corpus in the repo in seconds, so prepared on demand
 STOPPED_EXIT = 3  # train.py's exit status for a run that stopped
 MAX_EXTEND = 3  # --lr_extend tries at most this many rates beyond each edge of the grid
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# the settings and the runs
+FINISHED = ('done', 'stopped')  # run states that are results: reused, never trained again
+START = dict(scratch='scratch', resume='resume', mismatch='overwrite', retrain='overwrite')  # a run to do, by state
 
 
 def settings(argv):
     """The comparison's settings: config/compare_shakespeare_char.py unless a config file is given, then overrides."""
-    if not any(not a.startswith('-') for a in argv):
+    if all(a.startswith('-') for a in argv):
         argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), DEFAULT_CONFIG)] + list(argv)
     cfg, _ = parse_args(DEFAULTS, argv, types=TYPES, prog='compare.py', doc=__doc__.split('\n\n')[1])
     return cfg
@@ -99,19 +81,14 @@ def plan(cfg):
     if cfg['init_from'] != 'scratch':
         raise UserError("compare.py resumes cut-off runs by itself; drop --init_from.")
     seeds = [cfg['seed'] + i for i in range(cfg['seeds'])]
-    grid = learning_rates(cfg)
-    for v in variants:
-        for lr in grid or [None]:  # the mistakes train.py would report, before anything runs
-            check({**cfg, 'ffn': v, 'seed': seeds[-1], **({'learning_rate': lr} if lr else {})})
-    if not grid:
-        return variants, seeds, baseline, [make_run(cfg, v, s, extra=wandb_names(cfg, v, s)) for v in variants
-                                           for s in seeds]
+    sweep = learning_rates(cfg)
     runs = []
     for v in variants:
-        rates = list(grid)
-        while True:  # with --lr_extend, a rate beyond the edge where the best one is, once the grid so far is done
-            of_v = [make_run(cfg, v, s, lr, extra=wandb_names(cfg, v, s, lr)) for lr in rates for s in seeds]
-            beyond = next_rate(cfg, of_v, rates, grid) if cfg['lr_extend'] else None
+        check({**cfg, 'ffn': v, 'seed': seeds[-1]})  # the mistakes train.py would report, before anything runs
+        rates = list(sweep or [None])  # None: no sweep, the shared learning_rate
+        while True:  # --lr_extend: once these rates are done, one more beyond the edge where the best one is
+            of_v = [make_run(cfg, v, s, lr) for lr in rates for s in seeds]
+            beyond = next_rate(of_v, rates, sweep) if sweep and cfg['lr_extend'] else None
             if beyond is None:
                 break
             rates.append(beyond)
@@ -125,47 +102,34 @@ def learning_rates(cfg):
         raise UserError("--lrs lists the rates and --lr_grid makes them around learning_rate; give one of them.")
     if cfg['lr_grid'] < 0:
         raise UserError(f"--lr_grid must be at least 0, got {cfg['lr_grid']}.")
-    if cfg['lr_grid']:
-        return [cfg['learning_rate'] * 2.0 ** j for j in range(-cfg['lr_grid'], cfg['lr_grid'] + 1)]
     try:
         rates = sorted({float(r) for r in split_list(cfg['lrs'])})
     except ValueError:
         raise UserError(f"--lrs expects comma-separated numbers, e.g. 1e-3,2e-3,4e-3; got '{cfg['lrs']}'.") from None
-    if rates and not all(0 < r < float('inf') for r in rates):
+    if not all(0 < r < float('inf') for r in rates):
         raise UserError(f"--lrs must be finite rates above 0, got '{cfg['lrs']}'.")
     if rates and cfg['learning_rate'] not in rates:
         raise UserError(f"--lrs must include learning_rate={cfg['learning_rate']:g}, whose answer the sweep is compared "
                         f"with; add it or set --learning_rate to one of them.")
+    if cfg['lr_grid']:
+        rates = [cfg['learning_rate'] * 2.0 ** j for j in range(-cfg['lr_grid'], cfg['lr_grid'] + 1)]
     if rates and cfg['eval_iters'] < 2:
         raise UserError("a learning-rate sweep chooses on half of the validation batches and reports on the other "
                         "half; give --eval_iters of at least 2.")
     return rates
 
 
-def next_rate(cfg, runs, rates, grid):
-    """With every run of a variant finished: the rate beyond the edge of `rates` where its best one is (one step of the
-    grid further), or None when the best is inside, or MAX_EXTEND rates were added on that side already."""
+def next_rate(runs, rates, grid):
+    """With a variant's runs done: the rate a grid step past its best one if that is at an edge (MAX_EXTEND times)."""
     states = {r['dir']: run_state(r) for r in runs}
-    if any(s not in ('done', 'stopped') for s in states.values()):
+    if any(s not in FINISHED for s in states.values()):
         return None
     edge = report.choose_rates(runs, states)[runs[0]['variant']]['edge']
-    low_step, high_step = (grid[1] / grid[0], grid[-1] / grid[-2]) if len(grid) > 1 else (2.0, 2.0)
     if edge == 'low' and sum(r < grid[0] for r in rates) < MAX_EXTEND:
-        return min(rates) / low_step
+        return min(rates) / (grid[1] / grid[0] if len(grid) > 1 else 2.0)
     if edge == 'high' and sum(r > grid[-1] for r in rates) < MAX_EXTEND:
-        return max(rates) * high_step
+        return max(rates) * (grid[-1] / grid[-2] if len(grid) > 1 else 2.0)
     return None
-
-
-def wandb_names(cfg, variant, seed, lr=None):
-    """With --wandb_log=True, the runs of one comparison share a wandb group (--wandb_group, or the out_dir's name)
-    and each run is named and tagged by its variant and seed, so the dashboard can group, filter and average them."""
-    if not cfg['wandb_log']:
-        return {}
-    name = f"{variant}-seed{seed}" + (f"-lr{lr:.3g}" if lr else '')
-    return {'wandb_group': cfg['wandb_group'] or os.path.basename(os.path.abspath(cfg['out_dir'])),
-            'wandb_run_name': f"{cfg['wandb_run_name']}-{name}" if cfg['wandb_run_name'] else name,
-            'wandb_tags': ','.join(split_list(cfg['wandb_tags']) + [variant, f'seed{seed}'])}
 
 
 def check_dataset(cfg):
@@ -190,37 +154,46 @@ def check_dataset(cfg):
         open_loader()
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# training the runs on this machine
+def todo_of(cfg, runs):
+    """Every run's state, and (run, mode) for the runs to do, seed by seed so that each variant compiles once."""
+    states = {r['dir']: run_state(r) for r in runs}
+    bad = [r for r in runs if states[r['dir']] == 'mismatch']
+    if bad and not cfg['overwrite']:
+        raise UserError(f"{describe_mismatch(bad[0])}; use another --out_dir, or pass --overwrite=True to retrain "
+                        f"the {len(bad)} run(s) whose settings differ.")
+    by_seed = sorted(runs, key=lambda r: r['seed'])
+    todo = [(r, START[states[r['dir']]]) for r in by_seed if states[r['dir']] not in FINISHED]
+    if todo and cfg['report']:
+        log = read_log(os.path.join(todo[0][0]['dir'], 'log.jsonl'))
+        where = f"is at iteration {log[-1]['iter']}" if log else 'has not started'
+        raise UserError(f"--report: {len(todo)} of {len(runs)} runs are not finished ({todo[0][0]['dir']} {where}); "
+                        f"run the commands --plan prints, or drop --report to train them here.")
+    return states, todo
 
 
 class Job:
-    """One train.py run as a subprocess on its GPUs (None: wherever --device says), output appended to
-    run_dir/train.out. `lock` is the run directory's lock (rundir.try_lock_run_dir), taken by compare.py and handed
-    to the child, so no other process can slip in between."""
+    """One train.py run as a subprocess on its GPUs (None: as --device says), holding the lock compare.py took."""
 
     def __init__(self, run, mode, threads, lock, slot, gpus, at_once):
-        self.run, self.mode, self.slot, self.gpus, self.t0 = run, mode, slot, gpus, time.time()
+        self.run, self.slot, self.t0 = run, slot, time.time()
+        self.name = run['name'] + (f" (GPU {','.join(gpus)})" if gpus else '')
         d = run['dir']
         self.log_path, self.out_path = os.path.join(d, 'log.jsonl'), os.path.join(d, 'train.out')
         self.resumed_from = checkpoint_field(d, 'iter_num') if mode == 'resume' else None
-        # at_once: how many runs this compare.py trains side by side, which the run's tok/s and times depend on
-        self.record = {'settings': run['settings'], 'processes': run['processes'], 'status': 'running',
-                       'at_once': at_once}
+        # at_once: the runs trained side by side, which this run's tok/s and times depend on
+        self.record = dict(settings=run['settings'], processes=run['processes'], status='running', at_once=at_once)
         write_json(os.path.join(d, RECORD), self.record)
         cmd = train_command(run, mode)
-        env = {**os.environ, 'PYTHONUNBUFFERED': '1', 'TORCHINDUCTOR_CACHE_DIR': compile_cache_dir(),
-               **cluster.gpu_env(gpus), **({'OMP_NUM_THREADS': str(threads), 'MKL_NUM_THREADS': str(threads)}
-                                          if threads else {})}
-        fds = ()
-        if run['processes'] == 1:
-            env[LOCK_FD_ENV], fds = str(lock.fileno()), (lock.fileno(),)
-        else:  # torchrun does not hand descriptors on to its workers: rank 0 takes the lock itself, a moment later
-            lock.close()
+        env = dict(os.environ, PYTHONUNBUFFERED='1', TORCHINDUCTOR_CACHE_DIR=compile_cache_dir(),
+                   **cluster.gpu_env(gpus))
+        if threads:
+            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        fds = (lock.fileno(),) if run['processes'] == 1 else ()  # torchrun does not pass it on: rank 0 locks anew
+        if fds:
+            env[LOCK_FD_ENV] = str(fds[0])
         try:
             with open(self.out_path, 'a') as out:
-                out.write(f"$ {' '.join(cmd)}\n")
-                out.flush()
+                print(f"$ {' '.join(cmd)}", file=out, flush=True)
                 self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              env=env, pass_fds=fds)
         except OSError as e:
@@ -228,31 +201,23 @@ class Job:
         finally:
             lock.close()  # the child holds the lock now (one lock, shared), released when it exits
 
-    @property
-    def name(self):
-        return name_of(self.run) + (f" (GPU {','.join(self.gpus)})" if self.gpus else '')
-
     def progress(self):
         log = read_log(self.log_path)
         return f"{log[-1]['iter']}" if log else 'starting'
 
     def interrupt(self, signalled):
-        """Stop the child and wait; its last checkpoint is written whole, so the run resumes later. After a Ctrl-C the
-        terminal has already sent it SIGINT: give it a moment to stop by itself before sending another."""
-        if signalled:
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+        """Stop the child (it resumes later from its last checkpoint); after a Ctrl-C it has had SIGINT already."""
         try:
-            self.proc.wait(timeout=30)
+            self.proc.wait(timeout=5 if signalled else 0)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
 
     def finish(self):
-        """After the child exited: record how it ended; raise for anything but success or a stop."""
+        """Once the child exited: record how it ended and return a line saying so; raise for anything but a stop."""
         rc, run = self.proc.returncode, self.run
         tail = last_error_line(self.out_path)
         self.record.update(status={0: 'done', STOPPED_EXIT: 'stopped'}.get(rc, 'failed'), returncode=rc, message=tail)
@@ -264,22 +229,29 @@ class Job:
         if rc not in (0, STOPPED_EXIT):
             raise RunStopped(f"training {run['variant']} (seed {run['seed']}) failed with exit status {rc}: {tail}; "
                              f"see {self.out_path}, fix it and run the same command again to continue.")
-        return self.record['status']
-
-    def report(self):
         how = f"resumed from iteration {self.resumed_from}" if self.resumed_from is not None else 'trained'
         line = f"{self.name}: {how} in {time.time() - self.t0:.0f} s"
-        if self.record['status'] != 'done':
-            return line + f", STOPPED: {self.record.get('message', '')}"
+        if rc == STOPPED_EXIT:
+            return line + f", STOPPED: {tail}"
         val = next((r['val_loss'] for r in reversed(read_log(self.log_path)) if 'val_loss' in r), None)
         return line + (f", final val loss {val:.4f}" if val is not None else '')
 
 
+def last_error_line(path):
+    """Why the last attempt in train.out (each begins with `$ command`) stopped: its error, else its last line."""
+    try:
+        with open(path, errors='replace') as f:
+            lines = [l.strip() for l in f.read().splitlines() if l.strip()]
+    except OSError:
+        return ''
+    starts = [i for i, l in enumerate(lines) if l.startswith('$ ')]
+    lines = lines[starts[-1] + 1:] if starts else lines
+    return next((l for l in reversed(lines) if l.startswith(('error:', 'stopped:'))), lines[-1] if lines else '')
+
+
 def train_all(todo, slots, threads, statuses, pbar):
-    """Run the (run, mode) pairs in todo, one per slot at a time (slots: the GPUs of each, cluster.placement), and fill
-    statuses; a finished run's slot, and so its GPUs, goes to the next run. A run whose directory another process
-    owns (a second compare.py on the same out_dir, or a train.py) is left to it and taken up once that process is
-    done: reused if it finished, resumed if not."""
+    """Train the (run, mode) pairs of todo, one per slot (its GPUs: cluster.placement) at a time, filling statuses. A
+    run whose directory another process holds (a second compare.py) is left to it, then reused or resumed."""
     pending, active, waiting, free = list(todo), [], set(), list(range(len(slots)))
     try:
         while pending or active:
@@ -290,26 +262,25 @@ def train_all(todo, slots, threads, statuses, pbar):
                 if lock is None:
                     if run['dir'] not in waiting:
                         waiting.add(run['dir'])
-                        pbar.write(f"{name_of(run)}: {run['dir']} is in use by {owner}; waiting for it",
-                                   file=sys.stderr)
+                        pbar.write(f"{run['name']}: {run['dir']} is in use by {owner}; waiting for it", file=sys.stderr)
                     continue
                 pending.remove((run, mode))
                 state = run_state(run)  # another process may have trained it meanwhile
-                if state in ('done', 'stopped'):
+                if state in FINISHED:
                     lock.close()
                     statuses[run['dir']] = state
-                    pbar.write(f"{name_of(run)}: reused ({state} by another process)", file=sys.stderr)
+                    pbar.write(f"{run['name']}: reused ({state} by another process)", file=sys.stderr)
                     pbar.update(1)
                     continue
                 slot = free.pop(0)
-                active.append(Job(run, mode if state == 'mismatch' else state, threads, lock, slot, slots[slot],
-                                  len(slots)))
+                mode = mode if state == 'mismatch' else START[state]  # other settings: as todo_of allowed
+                active.append(Job(run, mode, threads, lock, slot, slots[slot], len(slots)))
             time.sleep(0.5)
             for job in [j for j in active if j.proc.poll() is not None]:
                 active.remove(job)
                 free = sorted(free + [job.slot])
-                statuses[job.run['dir']] = job.finish()
-                pbar.write(job.report(), file=sys.stderr)
+                pbar.write(job.finish(), file=sys.stderr)
+                statuses[job.run['dir']] = job.record['status']
                 pbar.update(1)
             pbar.set_description(', '.join(j.name for j in active) or 'runs')
             pbar.set_postfix_str('iter ' + ', '.join(j.progress() for j in active) if active else '')
@@ -319,56 +290,21 @@ def train_all(todo, slots, threads, statuses, pbar):
         raise
 
 
-def last_error_line(path):
-    """Why the last attempt in train.out (appended to by every attempt, each after its `$ command` line) stopped:
-    its one-sentence error, else its last line."""
-    try:
-        with open(path, errors='replace') as f:
-            lines = [l.strip() for l in f.read().splitlines() if l.strip()]
-    except OSError:
-        return ''
-    starts = [i for i, l in enumerate(lines) if l.startswith('$ ')]
-    lines = lines[starts[-1] + 1:] if starts else lines  # earlier attempts' messages are not this one's
-    return next((l for l in reversed(lines) if l.startswith(('error:', 'stopped:'))), lines[-1] if lines else '')
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# one comparison, a ladder of them
-
-
-def todo_of(runs, overwrite):
-    """(run, how to start it) for every run not finished; a directory of other settings only with --overwrite."""
-    states = {r['dir']: run_state(r) for r in runs}
-    bad = [r for r in runs if states[r['dir']] == 'mismatch']
-    if bad and not overwrite:
-        raise UserError(f"{describe_mismatch(bad[0])}; use another --out_dir, or pass --overwrite=True to retrain "
-                        f"the {len(bad)} run(s) whose settings differ.")
-    mode = {'mismatch': 'overwrite', 'retrain': 'overwrite'}
-    todo = [(r, mode.get(states[r['dir']], states[r['dir']])) for r in runs if states[r['dir']] not in ('done', 'stopped')]
-    return states, sorted(todo, key=lambda job: job[0]['seed'])  # seed by seed: each variant compiles once
-
-
 def run_comparison(cfg):
-    """One comparison: plan the runs, reuse/resume/train them, write its report into out_dir; returns the summary
-    (None for --plan). A sweep with --lr_extend plans again once its runs are done: it may need a rate beyond an edge."""
-    t0, trained = time.time(), set()
-    while True:
+    """One comparison: plan, reuse, resume or train the runs, write the report; returns its summary (or None)."""
+    t0, statuses = time.time(), None
+    while True:  # planned again after training: with --lr_extend, a finished sweep may want a rate beyond an edge
         variants, seeds, baseline, runs = plan(cfg)
         check_dataset(cfg)
-        states, todo = todo_of(runs, cfg['overwrite'])
+        states, todo = todo_of(cfg, runs)
         if cfg['plan']:
             return cluster.print_plan(todo, len(runs), cfg['threads'])
-        if cfg['report']:
-            cluster.check_finished(todo, len(runs))
-        if not todo and trained:  # nothing more to train after what this command trained
-            break
-        statuses = train_runs(cfg, variants, seeds, runs, states, todo)
-        trained |= {r['dir'] for r, _ in todo}
+        if todo or statuses is None:  # the first round also says what it reuses
+            statuses = train_runs(cfg, variants, seeds, runs, states, todo)
         if not todo:
             break
     summary = write_report(cfg, variants, seeds, baseline, runs, statuses)
-    print(f"wrote {cfg['out_dir']}/summary.md, summary.json, loss.png, acts.png ({time.time() - t0:.0f} s)",
-          file=sys.stderr)
+    print(f"wrote {cfg['out_dir']}/summary.md, loss.png, acts.png ({time.time() - t0:.0f} s)", file=sys.stderr)
     return summary
 
 
@@ -379,21 +315,17 @@ def train_runs(cfg, variants, seeds, runs, states, todo):
     rates = len({r['lr'] for r in runs})
     print(f"compare: {len(variants)} variants x {len(seeds)} seed(s)" + (f" x {rates} rates" if rates > 1 else '')
           + f" = {len(runs)} runs into {cfg['out_dir']} ({len(runs) - len(todo)} to reuse, {len(todo)} to train"
-          + (f", {jobs} at a time on GPUs {','.join(gpus)}" if gpus and todo else '') + ')', file=sys.stderr)
+          + (f", {jobs} at a time on GPUs {','.join(gpus)}" if gpus else '') + ')', file=sys.stderr)
     pbar = progress_bar(len(runs), 'runs', unit='run')
-    statuses = {r['dir']: states[r['dir']] for r in runs if states[r['dir']] in ('done', 'stopped')}
+    statuses = {r['dir']: states[r['dir']] for r in runs if states[r['dir']] in FINISHED}
     for run in runs:
         if run['dir'] in statuses:
             how = 'finished' if statuses[run['dir']] == 'done' else 'stopped: see its train.out'
-            pbar.write(f"{name_of(run)}: reused ({how})", file=sys.stderr)
+            pbar.write(f"{run['name']}: reused ({how})", file=sys.stderr)
             pbar.update(1)
     train_all(todo, cluster.placement(jobs, gpus, cfg['nproc_per_run']), cfg['threads'], statuses, pbar)
     pbar.close()
     return statuses
-
-
-def name_of(run):
-    return f"{run['variant']} seed {run['seed']}" + (f" lr {run['lr']:.3g}" if run['lr'] is not None else '')
 
 
 def write_report(cfg, variants, seeds, baseline, runs, statuses):
@@ -412,8 +344,7 @@ def write_report(cfg, variants, seeds, baseline, runs, statuses):
     summary['acts'] = inspect_run.compare(cfg['out_dir'], first_seed, cfg['data_dir'])
     write_json(os.path.join(cfg['out_dir'], 'summary.json'), summary)
     report.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), summary)
-    print()
-    print(report.table(summary))
+    print('\n' + report.table(summary))
     if summary['seed_std'] is not None:
         print(f"seed std of the final val loss {summary['seed_std']:.4f}, of the paired differences "
               f"{report.fmt_loss(summary['paired_diff_std'])}")
@@ -421,13 +352,10 @@ def write_report(cfg, variants, seeds, baseline, runs, statuses):
 
 
 def run_ladder(cfg):
-    """--sizes: the comparison at every size, each an ordinary comparison in out_dir/<size>/, then the ladder's
-    summary.md, summary.json and ladder.png in out_dir. Every size is planned and checked before any trains."""
+    """--sizes: a comparison at every size in out_dir/<size>/, then the ladder's summary and ladder.png in out_dir."""
     sizes = ladder.size_settings(cfg)
-    plans = [plan({**cfg, **s['settings']}) for s in sizes]
-    if cfg['report']:  # every size finished, or nothing is written
-        for p in plans:
-            cluster.check_finished(todo_of(p[3], cfg['overwrite'])[1], len(p[3]))
+    for s in sizes:  # every size planned and checked (with --report: finished) before any trains
+        todo_of(cfg, plan({**cfg, **s['settings']})[3])
     summaries = [run_comparison({**cfg, **s['settings']}) for s in sizes]
     if cfg['plan']:  # the runs of every size are listed; the ladder's report waits for them
         return
@@ -435,8 +363,7 @@ def run_ladder(cfg):
     write_json(os.path.join(cfg['out_dir'], 'summary.json'), lad)
     ladder.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), lad)
     plots.ladder(os.path.join(cfg['out_dir'], 'ladder.png'), lad)
-    print(f"wrote {cfg['out_dir']}/summary.md, summary.json, ladder.png (the ladder; each size's own in its directory)",
-          file=sys.stderr)
+    print(f"wrote the ladder's summary.md, summary.json and ladder.png into {cfg['out_dir']}", file=sys.stderr)
 
 
 def main(argv):

@@ -70,10 +70,8 @@ def compile_default(device_type):
 
 
 def compile_cache_dir():
-    """Where torch.compile keeps what it built: $TORCHINDUCTOR_CACHE_DIR, else ~/.cache/nanoffn/torchinductor
-    ($XDG_CACHE_HOME honoured). Inductor's FX graph cache and AOTAutograd's cache live there, so a graph compiled by one
-    run is loaded, not compiled again, by every later run on the machine that traces it (another seed, the same variant
-    in another comparison). Deleting it is safe: the next compile rebuilds what it needs."""
+    """Where torch.compile keeps what it built, so that every later run tracing the same graph loads it instead of
+    compiling it: $TORCHINDUCTOR_CACHE_DIR, else ~/.cache/nanoffn/torchinductor. Deleting it is safe."""
     if os.environ.get('TORCHINDUCTOR_CACHE_DIR'):
         return os.environ['TORCHINDUCTOR_CACHE_DIR']
     base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
@@ -81,13 +79,10 @@ def compile_cache_dir():
 
 
 def compile_model(model, mode):
-    """Compile a GPT for training; returns what to call in place of the model.
-    regional: every transformer Block is compiled in place (nn.Module.compile, PyTorch's "regional compilation"
-      recipe). The blocks run the same code on parameters of the same shapes, so ONE graph serves every layer: it is
-      traced and built once, whatever the depth. Embedding, final norm and loss stay eager; state_dict keys stay plain.
-    whole: torch.compile of the whole GPT: one graph with the loss in it, which Inductor can fuse across blocks, at
-      more compile time (the returned wrapper's state_dict keys start with '_orig_mod.').
-    dynamic=False: every batch is batch_size x block_size, so Dynamo specialises once."""
+    """Compile a GPT for training; returns what to call in place of the model. regional: every Block compiled in place
+    (PyTorch's "regional compilation"): the blocks share code and shapes, so one graph serves every layer, built once
+    whatever the depth, and state_dict keys stay plain. whole: the whole GPT as one graph, fused across blocks, at more
+    compile time. dynamic=False: every batch has the same shape, so Dynamo specialises once."""
     os.environ['TORCHINDUCTOR_CACHE_DIR'] = compile_cache_dir()  # read when Inductor first compiles
     if mode == 'whole':
         return torch.compile(model, dynamic=False)

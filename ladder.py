@@ -1,31 +1,18 @@
-"""
-A scaling ladder: the same comparison at several model sizes, and what the trend with size says.
-
-    size_settings(cfg)       --sizes '2x64,3x96,4x128' -> each size's settings: shape, token budget, learning rate
-    summarize(...)           per variant and size: final loss over seeds, the paired gap to the baseline, N and FLOPs;
-                             per variant: the gap's trend with ln N, the power-law fit L(N) = E + A·N^(−α), and (4+
-                             sizes) the effective compute multiplier against the baseline's loss-vs-compute law
-    write_markdown(...)      the ladder's summary.md (plots.ladder draws ladder.png)
-
-With a learning-rate sweep (--lrs or --lr_grid) every size chooses each variant's own best rate, and every point of the
-ladder is that variant at that rate (reported on the validation windows the choice did not read).
-
-compare.py runs each size as an ordinary comparison in <out_dir>/<n_layer>x<n_embd>/ (reused and resumed like any),
-so a ladder is extended by adding a size. N is the non-embedding parameter count (Kaplan et al. 2020); training FLOPs
-are the model's own per-token count x tokens (model.GPT.flops_per_token).
-"""
+"""A scaling ladder: the same comparison at several model sizes, and what the trend with size says. compare.py runs
+each size as an ordinary comparison in <out_dir>/<n_layer>x<n_embd>/, reused like any: a new size extends a ladder."""
 import math
 import os
 import sys
 
 import stats
 from configurator import UserError, split_list
-from report import fmt_count, meta_model, scale_counts, time_verdict
+from report import fmt_count, fmt_loss, meta_model, scale_counts, time_verdict
 from rundir import write_text
 
 BOOTSTRAP_MIN_SEEDS = 5  # fewer values have too few distinct resamples for a percentile interval
 EXTRAPOLATE = 10  # the compute multiplier is also given at this many times the largest size's compute
 HEAD_SIZE = 32  # the head size n_head is chosen for when a size does not name it (kept within 16-64 and even)
+MAX_ITERS = 10**8  # a budget past this is a mistake (a typo in --tokens_per_param), not a plan
 
 
 def pick_heads(n_embd):
@@ -59,16 +46,12 @@ def sizes(text):
     return out
 
 
-MAX_ITERS = 10**8  # a budget past this is a mistake (a typo in --tokens_per_param), not a plan
-
-
 def size_settings(cfg):
-    """Every size of --sizes with its settings, on top of the comparison's. Token budget: --max_iters at every size,
-    or with --tokens_per_param=K, iterations = ceil(K·N / tokens per iteration), N the baseline's non-embedding
-    parameters at that size (Hoffmann et al. 2022 find K ≈ 20 compute-optimal); warmup, decay and evaluation
-    intervals then scale with the iterations, so every size has the same schedule shape and number of evaluations.
-    Learning rate: the same at every size (lr_rule=fixed), or lr·d₀/d with d the width and d₀ the first size's
-    (lr_rule=width: the 1/width rule of muP's hidden layers, Yang et al. 2022, applied to the one global rate)."""
+    """Every size of --sizes with its settings, on top of the comparison's. Token budget: --max_iters at every size, or
+    with --tokens_per_param=K, iterations = ceil(K·N / tokens per iteration), N the baseline's non-embedding parameters
+    there (Hoffmann et al. 2022 find K ≈ 20 compute-optimal), warmup, decay and evaluation intervals scaled alike (the
+    same schedule shape and number of evaluations). Learning rate: the same at every size (lr_rule=fixed), or lr·d₀/d,
+    d the width, d₀ the first size's (lr_rule=width: muP's 1/width rule for hidden layers, Yang et al. 2022)."""
     if cfg['lr_rule'] not in ('fixed', 'width'):
         raise UserError(f"--lr_rule expects fixed or width, got '{cfg['lr_rule']}'.")
     if not 0 <= cfg['tokens_per_param'] < float('inf'):
@@ -106,7 +89,8 @@ def size_settings(cfg):
 
 
 def summarize(cfg, sizes, summaries):
-    """sizes: size_settings(cfg); summaries: one comparison summary per size (report.summarize). JSON-able."""
+    """sizes: size_settings(cfg); summaries: report.summarize's, one per size. Per variant: its points (one per size),
+    the gap's trend with ln N, the power law L(N) = E + A·N^(−α) and the effective compute multiplier. JSON-able."""
     first = summaries[0]
     variants, baseline = list(first['variants']), first['baseline']
     out = {'baseline': baseline, 'seeds': first['seeds'], 'dataset': first['dataset'],
@@ -114,46 +98,45 @@ def summarize(cfg, sizes, summaries):
            else f"fixed max_iters={cfg['max_iters']}",
            'lr_rule': cfg['lr_rule'], 'sizes': [], 'variants': {}}
     for size, summ in zip(sizes, summaries):
-        s = size['settings']
-        out['sizes'].append({k: size[k] for k in ('name', 'n_layer', 'n_embd', 'n_head')}
-                            | {'max_iters': s.get('max_iters', cfg['max_iters']),
-                               'tokens': summ['variants'][baseline]['tokens'],
-                               'learning_rate': s.get('learning_rate', cfg['learning_rate'])})
-    for v in variants:
-        points = []
-        for size, summ in zip(sizes, summaries):
-            sv, sb = summ['variants'][v], summ['variants'][baseline]
-            gaps = seed_gaps(sv, sb)
-            points.append({'size': size['name'], 'N': sv['scale']['non_embedding'], 'n_embd': size['n_embd'],
-                           'best_lr': summ['lr'][v]['best'] if summ.get('lr') else None, 'tok_s': sv['tok_s'],
-                           'N_active': sv['scale']['non_embedding_active'],
-                           'flops': sv['scale']['flops_per_token'] * sv['tokens'],
-                           'final_val_loss': sv['final_val_loss'], 'seed_losses': [r['final_val_loss'] for r in sv['runs']],
-                           'gap': sv['diff_to_baseline'], 'seed_gaps': gaps,
-                           'gap_bootstrap_ci': stats.bootstrap_ci(gaps) if len(gaps) >= BOOTSTRAP_MIN_SEEDS else None,
-                           'matched': sv['matched']})
-        out['variants'][v] = {
-            'points': points,
-            'trend': stats.gap_trend([math.log(p['N']) for p in points for _ in p['seed_gaps']],
-                                     [g for p in points for g in p['seed_gaps']]) if v != baseline else None,
-            'fit': stats.power_law_fit([p['N'] for p in points for _ in p['seed_losses']],
-                                       [x for p in points for x in p['seed_losses']]),
-        }
-    base = out['variants'][baseline]['points']
+        s = {**cfg, **size['settings']}  # the comparison's settings at this size
+        out['sizes'].append({k: size[k] for k in ('name', 'n_layer', 'n_embd', 'n_head')} | {
+            'max_iters': s['max_iters'], 'tokens': summ['variants'][baseline]['tokens'],
+            'learning_rate': s['learning_rate']})
+    points = {v: [point(size, summ, v) for size, summ in zip(sizes, summaries)] for v in variants}
     meaningful = all(s['compiled'] == 'on' or str(s['settings']['device']).startswith('cuda') for s in summaries)
-    for v in variants:
-        out['variants'][v]['multiplier'] = None if v == baseline else multiplier(base, out['variants'][v]['points'],
-                                                                                  meaningful)
+    for v, ps in points.items():
+        out['variants'][v] = {
+            'points': ps,
+            'trend': stats.gap_trend([math.log(p['N']) for p in ps for _ in p['seed_gaps']],
+                                     [g for p in ps for g in p['seed_gaps']]) if v != baseline else None,
+            'fit': stats.power_law_fit([p['N'] for p in ps for _ in p['seed_losses']],
+                                       [x for p in ps for x in p['seed_losses']]),
+            'multiplier': multiplier(points[baseline], ps, meaningful) if v != baseline else None,
+        }
     return out
 
 
+def point(size, summ, v):
+    """Variant v at one size, from that size's summary (in a sweep: at v's best rate, on windows the choice skipped)."""
+    sv, sb = summ['variants'][v], summ['variants'][summ['baseline']]
+    base = {r['seed']: r['final_val_loss'] for r in sb['runs']}
+    gaps = [r['final_val_loss'] - base[r['seed']] for r in sv['runs']  # per seed: same seed, so same batches
+            if r['final_val_loss'] is not None and base.get(r['seed']) is not None]
+    return {'size': size['name'], 'N': sv['scale']['non_embedding'], 'n_embd': size['n_embd'],
+            'best_lr': summ['lr'][v]['best'] if summ.get('lr') else None, 'tok_s': sv['tok_s'],
+            'N_active': sv['scale']['non_embedding_active'], 'flops': sv['scale']['flops_per_token'] * sv['tokens'],
+            'final_val_loss': sv['final_val_loss'], 'seed_losses': [r['final_val_loss'] for r in sv['runs']],
+            'gap': sv['diff_to_baseline'], 'seed_gaps': gaps,
+            'gap_bootstrap_ci': stats.bootstrap_ci(gaps) if len(gaps) >= BOOTSTRAP_MIN_SEEDS else None,
+            'matched': sv['matched']}
+
+
 def multiplier(base, points, times_meaningful):
-    """The effective compute multiplier of a variant per size and at EXTRAPOLATE x the largest compute
-    (stats.compute_multiplier), and, where times mean something (compiled or on a GPU), the effective speedup:
-    the multiplier times the variant's tokens/s over the baseline's."""
-    done = lambda ps: [(p['flops'], p['seed_losses']) for p in ps]
+    """The effective compute multiplier of a variant per size and at EXTRAPOLATE x the largest compute (stats), and the
+    effective speedup: the multiplier times the variant's tokens/s over the baseline's (eager unless compiled/GPU)."""
     if any(None in p['seed_losses'] for p in base + points):  # a stopped seed: no loss to fit
         return None
+    done = lambda ps: [(p['flops'], p['seed_losses']) for p in ps]
     m = stats.compute_multiplier(done(base), done(points), EXTRAPOLATE * max(p['flops'] for p in base))
     if m is None:
         return None
@@ -164,24 +147,16 @@ def multiplier(base, points, times_meaningful):
     return m
 
 
-def seed_gaps(sv, sb):
-    """The per-seed gaps L_v − L_baseline of one size (same seed, so same batches)."""
-    base = {r['seed']: r['final_val_loss'] for r in sb['runs']}
-    return [r['final_val_loss'] - base[r['seed']] for r in sv['runs']
-            if r['final_val_loss'] is not None and base.get(r['seed']) is not None]
-
-
-def fmt_gap(g):
-    if g is None:
+def fmt_ci(x, ci, spec, unit=''):
+    """x in the format `spec` (and its unit), then its interval [lo, hi] where it has one; – for no x."""
+    if x is None:
         return '–'
-    return f"{g['mean']:+.4f}" + (f" [{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]" if g.get('ci') else ' (no CI)')
+    return f'{x:{spec}}{unit}' + (f' [{ci[0]:{spec}}, {ci[1]:{spec}}]' if ci and None not in ci else '')
 
 
 def fmt_fit(f):
-    if not f['identifiable']:
-        return f"not identifiable ({f['why']})"
-    return (f"E = {f['E']:.3f} ± {f['E_se']:.3f}, A = {f['A']:.3g} ± {f['A_se']:.2g}, "
-            f"α = {f['alpha']:.3f} ± {f['alpha_se']:.3f}")
+    return (f"E = {f['E']:.3f} ± {f['E_se']:.3f}, A = {f['A']:.3g} ± {f['A_se']:.2g}, α = {f['alpha']:.3f} ± "
+            f"{f['alpha_se']:.3f}" if f['identifiable'] else f"not identifiable ({f['why']})")
 
 
 def fmt_matched(m):
@@ -192,37 +167,28 @@ def fmt_matched(m):
     return f'{reach}; {time_verdict(m)}'
 
 
-def fmt_x(point):
-    if point is None or point['multiplier'] is None:
-        return '–'
-    ci = point.get('ci')
-    return f"{point['multiplier']:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and None not in ci else '')
-
-
 def multiplier_section(lad):
     rows = [(v, lv['multiplier']) for v, lv in lad['variants'].items() if lv.get('multiplier')]
     if not rows:
         return ['', '## Effective compute multiplier', '', "Needs at least 4 sizes (a 3-parameter law for the "
                 "baseline's loss against compute) and every seed finished."]
-    sz = lad['sizes']
+    base, sz = lad['baseline'], lad['sizes']
+    x = lambda p: fmt_ci(p['multiplier'], p.get('ci'), '.2f', 'x')
     return (['', '## Effective compute multiplier', '',
-             f"The baseline's final loss against training compute is fitted as L(C) = E + A·C^(−α); a variant that reaches "
-             f"loss L with compute C is worth C_{lad['baseline']}(L) / C: the compute {lad['baseline']} would need for that "
-             f"loss, over what the variant used (> 1: worth more compute). Per size from the variant's mean loss, and at "
-             f"{EXTRAPOLATE}x the largest size's compute from the variant's own fitted law. [95% interval: a bootstrap "
-             f"over seeds widened to a t interval.] Speedup: the multiplier times the variant's tokens/s over the "
-             f"baseline's, {rows[0][1]['times']}.", '',
+             f"{base}'s final loss against training compute is fitted as L(C) = E + A·C^(−α); a variant reaching loss "
+             f"L with compute C is worth C_{base}(L) / C (> 1: worth more compute): per size from its mean loss, at "
+             f"{EXTRAPOLATE}x the largest size's compute from its own fitted law. [95% interval: a bootstrap over "
+             f"seeds widened to a t interval.] Speedup: the multiplier x the tokens/s ratio, {rows[0][1]['times']}.",
+             '',
              '| variant | ' + ' | '.join(s['name'] for s in sz) + f" | at {EXTRAPOLATE}x compute | speedup per size |",
              '|---|' + '---:|' * (len(sz) + 2)]
-            + [f"| {v} | " + ' | '.join(fmt_x(p) for p in m['per_size']) + f" | {fmt_x(m['at_budget'])} | "
-               + ', '.join('–' if p['speedup'] is None else f"{p['speedup']:.2f}x" for p in m['per_size']) + ' |'
-               for v, m in rows])
+            + [f"| {v} | " + ' | '.join(map(x, m['per_size'])) + f" | {x(m['at_budget'])} | "
+               + ', '.join(fmt_ci(p['speedup'], None, '.2f', 'x') for p in m['per_size']) + ' |' for v, m in rows])
 
 
 def write_markdown(path, lad):
     base, sz = lad['baseline'], lad['sizes']
-    head = '| variant | ' + ' | '.join(s['name'] for s in sz) + ' |'
-    rule = '|---|' + '---:|' * len(sz)
+    head, rule = '| variant | ' + ' | '.join(s['name'] for s in sz) + ' |', '|---|' + '---:|' * len(sz)
     lines = [f"# FFN scaling ladder on {lad['dataset']}", '',
              f"{len(lad['variants'])} variants x {len(lad['seeds'])} seed(s) x {len(sz)} sizes. Token budget: "
              f"{lad['token_rule']}; learning rate: {lad['lr_rule']}"
@@ -231,32 +197,25 @@ def write_markdown(path, lad):
              f'| size | n_layer | n_embd | n_head | iterations | tokens | learning rate | N (non-embedding, {base}) |',
              '|---|---:|---:|---:|---:|---:|---:|---:|']
     lines += [f"| {s['name']} | {s['n_layer']} | {s['n_embd']} | {s['n_head']} | {s['max_iters']} | {s['tokens']:,} | "
-              f"{s['learning_rate']:.3g} | {fmt_count(lad['variants'][base]['points'][i]['N'])} |" for i, s in enumerate(sz)]
+              f"{s['learning_rate']:.3g} | {fmt_count(p['N'])} |" for s, p in zip(sz, lad['variants'][base]['points'])]
     lines += ['', '## Final validation loss (mean ± std over seeds)', '', head, rule]
+    n = lambda p: fmt_count(p['N']) + (f", {fmt_count(p['N_active'])} active" if p['N_active'] != p['N'] else '')  # MoE
     for v, lv in lad['variants'].items():
-        cells = ['–' if p['final_val_loss'] is None else f"{p['final_val_loss']['mean']:.4f}" +
-                 (f" ± {p['final_val_loss']['std']:.4f}" if p['final_val_loss']['std'] is not None else '')
-                 for p in lv['points']]
-        last = lv['points'][-1]
-        active = f", {fmt_count(last['N_active'])} active" if last['N_active'] != last['N'] else ''  # an MoE
-        lines.append(f"| {v} (N {fmt_count(last['N'])}{active} at {sz[-1]['name']}) | " + ' | '.join(cells) + ' |')
+        cells = ' | '.join(fmt_loss(p['final_val_loss']) for p in lv['points'])
+        lines.append(f"| {v} (N {n(lv['points'][-1])} at {sz[-1]['name']}) | {cells} |")
     lines += ['', f'## Gap to {base} and its trend with size', '',
-              f"Gap Δ = L_variant − L_{base}, paired over seeds: mean [95% t interval]. Trend: the least-squares slope of "
-              f"Δ against ln N over every seed's gap, with its 95% CI; 'grows' (Δ rises with N: the variant loses ground "
-              f"to {base} as models grow), 'shrinks' (it gains ground), or 'flat within noise' (the CI covers 0). With "
-              f"{BOOTSTRAP_MIN_SEEDS} or more seeds summary.json adds a percentile bootstrap CI of each gap.", '',
-              head + ' trend: slope per ln N [95% CI] |', rule + ':---|']
-    for v, lv in lad['variants'].items():
-        if v != base:
-            t = lv['trend']
-            trend = '– (needs 2 sizes, 3 gaps)' if t is None else (
-                f"**{t['verdict']}**: {t['slope_per_ln_n']:+.4f} [{t['ci'][0]:+.4f}, {t['ci'][1]:+.4f}]")
-            lines.append(f"| {v} | " + ' | '.join(fmt_gap(p['gap']) for p in lv['points']) + f' | {trend} |')
+              f"Gap Δ = L_variant − L_{base}, paired over seeds: mean [95% t interval]. Trend: the least-squares slope "
+              f"of every seed's Δ against ln N [95% CI]: 'grows' (the variant loses ground to {base} as models grow), "
+              f"'shrinks' (it gains), or 'flat within noise'. {BOOTSTRAP_MIN_SEEDS}+ seeds: summary.json adds a "
+              f"bootstrap CI.", '', head + ' trend: slope per ln N [95% CI] |', rule + ':---|']
+    gap = lambda g: '–' if g is None else fmt_ci(g['mean'], g.get('ci'), '+.4f') + ('' if g.get('ci') else ' (no CI)')
+    trend = lambda t: '– (needs 2 sizes, 3 gaps)' if t is None else (
+        f"**{t['verdict']}**: " + fmt_ci(t['slope_per_ln_n'], t['ci'], '+.4f'))
+    lines += [f"| {v} | " + ' | '.join(gap(p['gap']) for p in lv['points']) + f" | {trend(lv['trend'])} |"
+              for v, lv in lad['variants'].items() if v != base]
     lines += ['', '## Power law L(N) = E + A·N^(−α) per variant', '',
-              "Least-squares fit (scipy.optimize.curve_fit) to every seed's final loss, ± one standard error; only with "
-              "at least 4 sizes (3 parameters).", '']
-    lines += [f"- {v}: {fmt_fit(lv['fit'])}" for v, lv in lad['variants'].items()]
-    lines += multiplier_section(lad)
+              "A least-squares fit to every seed's final loss, ± one standard error; only with 4+ sizes.", '']
+    lines += [f"- {v}: {fmt_fit(lv['fit'])}" for v, lv in lad['variants'].items()] + multiplier_section(lad)
     lines += ['', '## Compute- and time-matched, per size', '',
               f"Seconds (and FLOPs) to reach {base}'s final loss as a multiple of {base}'s, and which way the "
               f"time-matched comparison goes (see each size's summary.md).", '', head, rule]

@@ -1,12 +1,5 @@
-"""
-The report of one comparison, computed from its runs' log.jsonl files (and the models' shapes) alone, so the same runs
-always give the same summary: per-run metrics, statistics over seeds, the paired and the compute- and time-matched
-verdicts against the baseline, what the learnable activations learned, summary.md and the printed table.
-
-With a learning-rate sweep (compare.py --lrs or --lr_grid) every variant is compared at its own best rate: the rate is
-chosen on the first half of the validation windows (train.py logs both halves, `val_halves`) and the comparison at the
-chosen rates is reported on the second half, which the choice never reads, beside the answer at the shared rate.
-"""
+"""The report of one comparison, from its runs' log.jsonl files (and the models' shapes) alone, so the same runs
+always give the same summary.json, summary.md and printed table."""
 import math
 import os
 import statistics
@@ -20,11 +13,6 @@ from runs import RECORD, identifies
 SHOWN_KEYS = ('dataset', 'n_layer', 'n_head', 'n_embd', 'block_size', 'batch_size', 'gradient_accumulation_steps',
               'max_iters', 'learning_rate', 'schedule', 'warmup_iters', 'min_lr', 'eval_interval', 'eval_iters',
               'n_expert', 'top_k', 'device', 'dtype')
-PER_RUN_KEYS = ('ffn', 'seed')  # set per run by compare.py
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# from the logs
 
 
 def run_metrics(log, loss_of=lambda r: r['val_loss']):
@@ -38,48 +26,40 @@ def run_metrics(log, loss_of=lambda r: r['val_loss']):
             t += r['ms'] / 1000.0 * (r['iter'] - prev_iter)
         prev_iter = r['iter']
         times[r['iter']] = t
-    acts = [r['act'] for r in log if r.get('act')]
     tok_s = [r['tok_s'] for r in trains if r.get('tok_s')]
     last = log[-1] if log else {}
-    return {
-        'iters': last.get('iter', 0), 'tokens': last.get('tokens', 0),
-        'final_val_loss': loss_of(evals[-1]) if evals else None,
-        'final_train_loss': trains[-1]['loss'] if trains else None,
-        'train_time_s': t,
-        'tok_s': statistics.median(tok_s) if tok_s else None,  # steady state: the median over log lines
-        'batch_hash': last.get('batch_hash'),
-        'val_hash': next((r['val_hash'] for r in reversed(evals) if 'val_hash' in r), None),
-        'act': acts[-1] if acts else None,
-        'curve': {'val': [[r['iter'], r['tokens'], times[r['iter']], loss_of(r)] for r in evals],
-                  'train': [[r['iter'], r['tokens'], r['loss']] for r in trains]},
-    }
+    return {'iters': last.get('iter', 0), 'tokens': last.get('tokens', 0),
+            'final_val_loss': loss_of(evals[-1]) if evals else None,
+            'final_train_loss': trains[-1]['loss'] if trains else None, 'train_time_s': t,
+            'tok_s': statistics.median(tok_s) if tok_s else None,  # steady state: the median over log lines
+            'batch_hash': last.get('batch_hash'),
+            'val_hash': next((r['val_hash'] for r in reversed(evals) if 'val_hash' in r), None),
+            'act': next((r['act'] for r in reversed(log) if r.get('act')), None),
+            'curve': {'val': [[r['iter'], r['tokens'], times[r['iter']], loss_of(r)] for r in evals],
+                      'train': [[r['iter'], r['tokens'], r['loss']] for r in trains]}}
 
 
 def mean_std(values):
     values = [v for v in values if v is not None and math.isfinite(v)]
-    if not values:
-        return None
     return {'mean': statistics.fmean(values), 'std': statistics.stdev(values) if len(values) > 1 else None,
-            'min': min(values), 'max': max(values), 'n': len(values)}
+            'min': min(values), 'max': max(values), 'n': len(values)} if values else None
 
 
 def meta_model(settings, data_dir):
-    """A run's model built on the meta device (no memory, no init time), from its settings; vocab_size 0 is the
-    dataset's (its meta.json)."""
+    """A run's model on the meta device (no memory, no init time); vocab_size 0 is the dataset's (its meta.json)."""
     import torch
     from model import GPT
     settings = dict(settings)
     if not settings['vocab_size']:
-        settings['vocab_size'] = (read_json(os.path.join(data_dir, settings['dataset'], 'meta.json')) or {}).get(
-            'vocab_size', 0)
+        meta = read_json(os.path.join(data_dir, settings['dataset'], 'meta.json')) or {}
+        settings['vocab_size'] = meta.get('vocab_size', 0)
     with torch.device('meta'):
         return GPT(model_config(settings))
 
 
 def scale_counts(model):
-    """The sizes a ladder is drawn against: N = non-embedding parameters (all of them less the tied token embedding
-    and any position embedding, Kaplan et al. 2020), an MoE's total and active N, and the model's own training FLOPs
-    per token (GPT.flops_per_token)."""
+    """The sizes a ladder is drawn against: N = non-embedding parameters (less the tied token embedding and any
+    position embedding, Kaplan et al. 2020), total and active (an MoE), and the model's training FLOPs per token."""
     p = model.param_report()
     return {'non_embedding': p['total'] - p['embedding'], 'non_embedding_active': p['active'] - p['embedding'],
             'flops_per_token': model.flops_per_token()}
@@ -94,12 +74,6 @@ def mean_over_seeds(values):
     return statistics.fmean(values)
 
 
-def how_compiled(runs):
-    """'on', 'off' or 'mixed': whether the runs were compiled, as their checkpoints say (their times depend on it)."""
-    compiled = {checkpoint_field(r['dir'], 'compiled') for r in runs}
-    return 'on' if compiled == {True} else 'off' if compiled == {False} else 'mixed'
-
-
 def summarize(cfg, variants, seeds, baseline, runs, statuses, loss_of=lambda r: r['val_loss']):
     """The comparison's summary (JSON-able) and the per-run metrics by variant (for the pictures)."""
     by_variant, damaged = {}, {}
@@ -107,28 +81,30 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses, loss_of=lambda r: 
         log, bad = read_log_lines(os.path.join(run['dir'], 'log.jsonl'))
         if bad:
             damaged[os.path.join(run['dir'], 'log.jsonl')] = len(bad)
-        m = run_metrics(log, loss_of)
-        m.update(seed=run['seed'], dir=run['dir'], status=statuses[run['dir']])
+        m = {'seed': run['seed'], 'dir': run['dir'], 'status': statuses[run['dir']], **run_metrics(log, loss_of)}
         if m['status'] != 'done':
             m['final_val_loss'] = None  # a stopped run has no final evaluation to compare
         by_variant.setdefault(run['variant'], []).append(m)
     shown = {k: cfg[k] for k in SHOWN_KEYS}
     chosen = {k: cfg[k] for k in DEFAULTS if identifies(k) and cfg[k] != DEFAULTS[k] and k not in shown
-              and k not in PER_RUN_KEYS}
+              and k not in ('ffn', 'seed')}  # those two are set per run by compare.py
+    # the times depend on whether the runs were compiled and how many trained side by side
+    compiled = {checkpoint_field(r['dir'], 'compiled') for r in runs}
     at_once = {(read_json(os.path.join(r['dir'], RECORD)) or {}).get('at_once') for r in runs}
-    out = {'baseline': baseline, 'seeds': seeds, 'dataset': cfg['dataset'], 'compiled': how_compiled(runs),
+    out = {'baseline': baseline, 'seeds': seeds, 'dataset': cfg['dataset'],
+           'compiled': 'on' if compiled == {True} else 'off' if compiled == {False} else 'mixed',
            'at_once': at_once.pop() if len(at_once) == 1 else 'mixed', 'settings': {**shown, **chosen},
            'damaged_lines': damaged, 'variants': {}}
+    models = {v: meta_model(next(r for r in runs if r['variant'] == v)['settings'], cfg['data_dir']) for v in variants}
+    scale = {v: scale_counts(model) for v, model in models.items()}
     base_vals = {m['seed']: m['final_val_loss'] for m in by_variant[baseline]}
     for v in variants:
         ms = by_variant[v]
-        run0 = next(r for r in runs if r['variant'] == v)
-        model = meta_model(run0['settings'], cfg['data_dir'])
         diffs = [m['final_val_loss'] - base_vals[m['seed']] for m in ms
                  if m['final_val_loss'] is not None and base_vals.get(m['seed']) is not None]
         done = [m for m in ms if m['status'] == 'done']
         out['variants'][v] = {
-            'params': model.param_report(), 'scale': scale_counts(model),
+            'params': models[v].param_report(), 'scale': scale[v],
             'status': 'done' if len(done) == len(ms) else 'stopped',
             'final_val_loss': mean_std([m['final_val_loss'] for m in ms]),
             'diff_to_baseline': stats.paired(diffs) if v != baseline else None,
@@ -137,68 +113,51 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses, loss_of=lambda r: 
             'train_time_s': statistics.fmean(m['train_time_s'] for m in (done or ms)),
             'tokens': max(m['tokens'] for m in ms),
             'learned': mean_over_seeds(acts) if (acts := [m['act'] for m in ms if m['act']]) else None,
-            'runs': [{k: m[k] for k in ('seed', 'dir', 'status', 'iters', 'tokens', 'final_val_loss', 'final_train_loss',
-                                        'train_time_s', 'tok_s', 'batch_hash', 'val_hash', 'act')} for m in ms],
+            'runs': [{k: x for k, x in m.items() if k != 'curve'} for m in ms],
+            'matched': matched(ms, by_variant[baseline], scale[v], scale[baseline]) if v != baseline else None,
         }
-    add_checks(out, by_variant, variants, seeds, baseline)
-    return out, by_variant
-
-
-def add_checks(out, by_variant, variants, seeds, baseline):
-    """Seed noise (pooled over variants), whether the logs show the same batches per seed and the same validation
-    windows, and the matched verdicts."""
-    var = [s['final_val_loss']['std'] ** 2 for s in out['variants'].values()
-           if s['final_val_loss'] and s['final_val_loss']['std'] is not None]
-    dvar = [s['diff_to_baseline']['std'] ** 2 for s in out['variants'].values()
-            if s['diff_to_baseline'] and s['diff_to_baseline']['std'] is not None]
-    out['seed_std'] = math.sqrt(statistics.fmean(var)) if var else None
-    out['paired_diff_std'] = math.sqrt(statistics.fmean(dvar)) if dvar else None
+    # seed noise, pooled over variants (the root mean square of their stds)
+    for key, name in (('final_val_loss', 'seed_std'), ('diff_to_baseline', 'paired_diff_std')):
+        var = [s[key]['std'] ** 2 for s in out['variants'].values() if s[key] and s[key]['std'] is not None]
+        out[name] = math.sqrt(statistics.fmean(var)) if var else None
     out['same_batches'] = {str(s): len({m['batch_hash'] for v in variants for m in by_variant[v]
                                         if m['seed'] == s and m['status'] == 'done'}) <= 1 for s in seeds}
     val_hashes = {m['val_hash'] for v in variants for m in by_variant[v]}
     out['same_val_windows'] = (len(val_hashes) == 1) if None not in val_hashes else None
-    for v in variants:
-        out['variants'][v]['matched'] = matched(by_variant[v], by_variant[baseline], out['variants'][v]['scale'],
-                                                out['variants'][baseline]['scale']) if v != baseline else None
+    return out, by_variant
 
 
 def matched(runs, base_runs, scale, base_scale):
-    """Compute- and time-matched verdicts against the baseline, seed by seed: the tokens, FLOPs and seconds the variant
-    needs to reach the baseline's final loss (interpolated on its curve; None = never) over what the baseline needed
-    to first reach it, and the variant's loss when the baseline's training time ran out, minus the baseline's final."""
+    """Compute- and time-matched verdicts, seed by seed: the tokens, FLOPs and seconds a variant needs to reach the
+    baseline's final loss over what the baseline first needed, and its loss at the baseline's last second minus that."""
     base = {m['seed']: m for m in base_runs if m['status'] == 'done' and m['curve']['val']}
-    ratios = {'tokens': [], 'flops': [], 'seconds': []}
-    at_budget, reached, n = [], 0, 0
-    for m in runs:
-        b = base.get(m['seed'])
-        if b is None or m['status'] != 'done' or not m['curve']['val']:
-            continue
-        n += 1
+    pairs = [(m, base[m['seed']]) for m in runs if m['seed'] in base and m['status'] == 'done' and m['curve']['val']]
+    if not pairs:
+        return None
+    ratios, at_budget = {'tokens': [], 'flops': [], 'seconds': []}, []
+    for m, b in pairs:
         _, b_toks, b_secs, b_loss = zip(*b['curve']['val'])
-        b_sec, target = b_secs[-1], b_loss[-1]
-        b_tok, b_sec_reach = stats.reach(b_toks, b_loss, target), stats.reach(b_secs, b_loss, target)
         _, tok, sec, loss = zip(*m['curve']['val'])
-        at_budget.append(stats.loss_at(sec, loss, b_sec) - target)
+        target = b_loss[-1]
+        at_budget.append(stats.loss_at(sec, loss, b_secs[-1]) - target)
         t_reach, s_reach = stats.reach(tok, loss, target), stats.reach(sec, loss, target)
         if t_reach is None:
             continue
-        reached += 1
+        b_tok, b_sec = stats.reach(b_toks, b_loss, target), stats.reach(b_secs, b_loss, target)
         # None where the baseline was there before it trained (a run of 0 iterations): no ratio to take
         ratios['tokens'].append(t_reach / b_tok if b_tok > 0 else None)
         ratios['flops'].append(t_reach * scale['flops_per_token'] / (b_tok * base_scale['flops_per_token'])
                                if b_tok > 0 else None)
-        ratios['seconds'].append(s_reach / b_sec_reach if b_sec_reach > 0 else None)
-    if n == 0:
-        return None
-    mean = lambda xs: statistics.fmean(xs) if xs and None not in xs and len(xs) == n else None
-    return {'seeds': n, 'reached': reached, **{f'{k}_ratio': mean(xs) for k, xs in ratios.items()},
-            'loss_at_base_time': stats.paired(at_budget)}
+        ratios['seconds'].append(s_reach / b_sec if b_sec > 0 else None)
+    mean = lambda xs: statistics.fmean(xs) if xs and None not in xs and len(xs) == len(pairs) else None
+    return {'seeds': len(pairs), 'reached': len(ratios['tokens']),
+            **{f'{k}_ratio': mean(xs) for k, xs in ratios.items()}, 'loss_at_base_time': stats.paired(at_budget)}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# a learning-rate sweep: each variant at its own best rate
-
-SELECT, REPORT = 0, 1  # the halves of the validation windows that choose a rate and that report the comparison
+# a learning-rate sweep (compare.py --lrs or --lr_grid): each variant at its own best rate, chosen on the first half of
+# the validation windows (train.py logs both, `val_halves`) and reported on the second, which the choice never reads
+SELECT, REPORT = 0, 1
 
 
 def final_half(run, status, half):
@@ -240,22 +199,6 @@ def summarize_sweep(cfg, variants, seeds, baseline, runs, statuses):
     return summary, by_variant
 
 
-def lr_section(summary):
-    base, lr = summary['baseline'], summary['lr']
-    rows = [f"| {v} | {', '.join(f'{r:.3g}' for r in x['rates'])} | **{x['best']:.3g}**"
-            + (f" ({x['edge']} edge)" if x['edge'] else '') + f" | {fmt_loss(x['sensitivity']['half'], signed=True)} | "
-            f"{fmt_loss(x['sensitivity']['double'], signed=True)} | {fmt_mean_std(summary['shared'][v]['final_val_loss'])} | "
-            f"{'baseline' if v == base else fmt_mean_std(summary['shared'][v]['diff_to_baseline'], signed=True)} |"
-            for v, x in lr.items()]
-    return ['## Learning rates', '',
-            f"Every variant trained at every rate; its best rate is chosen by the mean over seeds of the final loss on "
-            f"the first half of the validation windows, and every loss in this summary is on the second half, which "
-            f"the choice never reads. min_lr keeps its ratio to the rate. An edge: the best rate is the smallest or "
-            f"largest tried (--lr_extend=True tries the next one beyond it). Sensitivity: the loss at ½x and 2x the "
-            f"best rate minus the loss at it. At the shared rate ({summary['shared_lr']:.3g}): the comparison as it is "
-            f"without a sweep, every variant at that one rate.", '', '![loss against learning rate](lr.png)', '',
-            f'| variant | rates tried | best | ½x best | 2x best | at the shared rate | Δ vs {base} at the shared rate |',
-            '|---|---|---|---:|---:|---:|---:|'] + rows + ['']
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -266,14 +209,11 @@ def fmt_count(n):
     return f'{n / 1e6:.2f}M' if n >= 1e6 else f'{n / 1e3:.1f}k' if n >= 1e3 else str(n)
 
 
-def fmt_loss(x, digits=4, signed=False):
-    if x is None:
-        return '–'
-    return f'{x:+.{digits}f}' if signed else f'{x:.{digits}f}'
-
-
-def fmt_mean_std(d, signed=False):
-    return '–' if d is None else fmt_loss(d['mean'], signed=signed) + (f" ± {d['std']:.4f}" if d['std'] is not None else '')
+def fmt_loss(x, signed=False):
+    """A loss (signed: a difference of losses) to 4 decimals; a mean_std or stats.paired dict as mean ± std; None: –."""
+    if isinstance(x, dict):
+        return fmt_loss(x['mean'], signed) + (f" ± {x['std']:.4f}" if x['std'] is not None else '')
+    return '–' if x is None else f'{x:+.4f}' if signed else f'{x:.4f}'
 
 
 def times_note(summary):
@@ -286,15 +226,14 @@ def times_note(summary):
 
 
 def table(summary):
-    base, lr = summary['baseline'], summary.get('lr')
-    rows = [f'| variant | params | FFN | extras per model | final val loss (mean ± std) | Δ vs {base} (± std) | '
-            f'resolved? | tok/s | train time |', '|---|---:|---:|---:|---:|---:|:---:|---:|---:|']
-    if lr:  # a sweep: each variant at its own best rate
-        rows = [rows[0].replace('| variant |', '| variant | best lr |'), rows[1].replace('|---|', '|---|---:|', 1)]
+    base, lr = summary['baseline'], summary.get('lr')  # lr: a sweep, each variant at its own best rate
+    rows = [f"| variant |{' best lr |' if lr else ''} params | FFN | extras per model | final val loss (mean ± std) | "
+            f"Δ vs {base} (± std) | resolved? | tok/s | train time |",
+            '|---|' + '---:|' * bool(lr) + '---:|---:|---:|---:|---:|:---:|---:|---:|']
     for v, s in summary['variants'].items():
         p, d = s['params'], s['diff_to_baseline']
-        val = fmt_mean_std(s['final_val_loss']) + ('' if s['status'] == 'done' else ' (stopped)')
-        diff = 'baseline' if v == base else fmt_mean_std(d, signed=True)
+        val = fmt_loss(s['final_val_loss']) + ('' if s['status'] == 'done' else ' (stopped)')
+        diff = 'baseline' if v == base else fmt_loss(d, signed=True)
         res = '' if d is None else 'no (1 seed)' if d['n'] < 2 else (
             f"{'yes' if d['resolved'] else 'no'}" + (f" (t={d['t']:.1f})" if d['t'] is not None else ''))
         total = fmt_count(p['total']) + (f" ({fmt_count(p['active'])} active)" if p['active'] != p['total'] else '')
@@ -305,59 +244,70 @@ def table(summary):
     return '\n'.join(rows)
 
 
+def lr_section(summary):
+    base, shared = summary['baseline'], summary['shared']
+    rows = []
+    for v, x in summary['lr'].items():
+        best = f"**{x['best']:.3g}**" + (f" ({x['edge']} edge)" if x['edge'] else '')
+        half, double = (fmt_loss(x['sensitivity'][k], signed=True) for k in ('half', 'double'))
+        diff = 'baseline' if v == base else fmt_loss(shared[v]['diff_to_baseline'], signed=True)
+        rows.append(f"| {v} | {', '.join(f'{r:.3g}' for r in x['rates'])} | {best} | {half} | {double} | "
+                    f"{fmt_loss(shared[v]['final_val_loss'])} | {diff} |")
+    return ['## Learning rates', '',
+            "Best: the rate with the lowest mean final loss over seeds on the first half of the validation windows; "
+            "every loss here is on the second half, which the choice never reads. min_lr keeps its ratio to the rate. "
+            "Edge: the best is the smallest or largest rate tried (--lr_extend=True tries beyond). ½x, 2x: the loss "
+            f"there minus at the best. Shared: all at {summary['shared_lr']:.3g}, as without a sweep.", '',
+            '![loss against learning rate](lr.png)', '',
+            f'| variant | rates tried | best | ½x best | 2x best | at the shared rate | Δ vs {base} at the shared rate |',
+            '|---|---|---|---:|---:|---:|---:|'] + rows + ['']
+
+
 def time_verdict(m):
-    """Which way the time-matched comparison goes: the variant's loss when the baseline's training time ran out
-    against the baseline's final loss, paired over seeds (resolved by the t-test, else a tie within noise)."""
+    """Which way matched()'s loss_at_base_time goes: resolved by its paired t-test, else a tie within noise."""
     d = m and m['loss_at_base_time']
     if not d:
         return '–'
     if d['n'] < 2:
         return ('ahead' if d['mean'] < 0 else 'behind') + ' (1 seed, untested)'
-    if not d['resolved']:
-        return 'tie within noise'
-    return 'wins on time' if d['mean'] < 0 else 'loses on time'
+    return 'tie within noise' if not d['resolved'] else 'wins on time' if d['mean'] < 0 else 'loses on time'
 
 
 def matched_section(summary):
     base = summary['baseline']
     ratio = lambda x: '–' if x is None else f'{x:.2f}x'
     rows = [f"| {v} | {m['reached']} of {m['seeds']} | {ratio(m['tokens_ratio'])} | {ratio(m['flops_ratio'])} | "
-            f"{ratio(m['seconds_ratio'])} | {fmt_mean_std(m['loss_at_base_time'], signed=True)} | {time_verdict(m)} |"
+            f"{ratio(m['seconds_ratio'])} | {fmt_loss(m['loss_at_base_time'], signed=True)} | {time_verdict(m)} |"
             for v, s in summary['variants'].items() if v != base and (m := s.get('matched'))]
     if not rows:
         return []
     return ['## Compute- and time-matched', '',
-            f"Target: {base}'s final validation loss, seed by seed. Reached: in how many seeds the variant's curve gets "
-            f"there (interpolated between evaluations); tokens, FLOPs, seconds: what it needs to get there over what "
-            f"{base} needed (mean over seeds, when every seed got there); at {base}'s time: the variant's loss when "
-            f"{base}'s training time ran out minus {base}'s final loss, and which way that goes (paired t-test at 95%). "
-            f"Seconds are {times_note(summary)}.", '',
+            f"Target: {base}'s final validation loss, seed by seed. Reached: in how many seeds the variant gets there; "
+            f"tokens, FLOPs, seconds: what that takes over what {base} took (mean over seeds, if all got there). At "
+            f"{base}'s time: the variant's loss when {base}'s training time ran out, minus {base}'s final (paired "
+            f"t-test). Seconds: {times_note(summary)}.", '',
             f'| variant | reached | tokens | FLOPs | seconds | loss at {base}\'s time − {base} | on time |',
             '|---|:---:|---:|---:|---:|---:|:---:|'] + rows + ['']
 
 
-def fmt_learned(value):
-    """One learned quantity: a number, or named numbers (e.g. an LA/MoA dictionary's entries)."""
-    if isinstance(value, dict):
-        return ', '.join(f'{k} {v:.3f}' for k, v in value.items())
-    return f'{value:.3f}'
-
-
 def learned_section(summary):
     """Per variant and layer, every quantity each part of the layer reported about itself (model.GPT.learned)."""
+    # a quantity is a number, or named numbers (e.g. an LA/MoA dictionary's entries)
+    fmt = lambda x: ', '.join(f'{k} {y:.3f}' for k, y in x.items()) if isinstance(x, dict) else f'{x:.3f}'
+    part = lambda name, quantities: f"{name}: " + '; '.join(f'{q} = {fmt(x)}' for q, x in quantities.items())
     lines = []
     for v, s in summary['variants'].items():
         if not s['learned']:
             continue
         n = len([r for r in s['runs'] if r['act']])
         lines += [f"**{v}** (mean over {n} seed{'s' if n > 1 else ''}):", '']
-        for i, layer in enumerate(s['learned']['layers']):
-            parts = [f"{part}: " + '; '.join(f'{q} = {fmt_learned(x)}' for q, x in quantities.items())
-                     for part, quantities in layer.items()]
-            if parts:
-                lines.append(f"- layer {i}: " + ' | '.join(parts))
-        lines.append('')
-    return lines
+        lines += [f"- layer {i}: " + ' | '.join(part(*p) for p in layer.items())
+                  for i, layer in enumerate(s['learned']['layers']) if layer] + ['']
+    if not lines:
+        return []
+    return ['## What the learnable activations learned', '',
+            "At each run's last evaluation, averaged over seeds: per layer `act` is the activation (a GLU's gate "
+            "branch), `act_up` a GLU's up branch, `moe` the expert load on the first validation batch.", ''] + lines
 
 
 def acts_section(summary):
@@ -365,21 +315,21 @@ def acts_section(summary):
     acts = {v: a for v, a in (summary.get('acts') or {}).items() if a is not None}
     if not acts:
         return []
+    moved = lambda name, b: f"{name} {b['moved']:.3f}" + (
+        f" ({b['moved'] / b['init_rms']:.0%})" if b['init_rms'] > 0 else '')  # and relative to the init's rms
     rows = []
     for v, a in acts.items():
-        cells = [f'layer {i} ' + ', '.join(f"{name} {b['moved']:.3f}" + (f" ({b['moved'] / b['init_rms']:.0%})"
-                                                                         if b['init_rms'] > 0 else '')
-                                           for name, b in layer.items() if b['learnable'])
+        cells = [f'layer {i} ' + ', '.join(moved(name, b) for name, b in layer.items() if b['learnable'])
                  for i, layer in enumerate(a['layers']) if any(b['learnable'] for b in layer.values())]
         if cells:
             rows.append(f"- **{v}**: " + '; '.join(cells))
     lines = ['## What the activation functions became', '', "![learned activation functions](acts.png)", '',
-             "Per variant (its first seed) and layer, the learned function φ(h) (solid; median and 10-90% band over "
-             "tokens where φ depends on the token) against its init (dashed), over the histogram of the pre-activations "
-             "h on the first validation batch (inspect_run.py --out_dir=RUN draws one run in full).", '']
+             "Per variant (its first seed) and layer: the learned φ(h) (solid; median and 10-90% band where φ depends "
+             "on the token) and its init (dashed), over the histogram of the first validation batch's pre-activations "
+             "h (inspect_run.py --out_dir=RUN draws one run in full).", '']
     if rows:
         lines += ["Moved from init: sqrt(Σ_b w_b (φ_learned(h_b) − φ_init(h_b))²) over the histogram's bins, w_b a "
-                  "bin's share of h; in brackets, relative to the init function's rms. 0 = unchanged.", ''] + rows + ['']
+                  "bin's share of h; in brackets, relative to the init's rms. 0 = unchanged.", ''] + rows + ['']
     return lines
 
 
@@ -389,19 +339,15 @@ def write_markdown(path, summary):
     lines = [f"# FFN comparison on {summary['dataset']}", '',
              f"{len(summary['variants'])} variants x {len(summary['seeds'])} seed(s) "
              f"({', '.join(map(str, summary['seeds']))}), {tokens:,} training tokens per run."
-             + (" Each variant at its own best learning rate (see Learning rates), scored on the second half of the "
-                "validation windows." if summary.get('lr') else '')
-             + (" Checked from the logs: every variant saw the same training batches per seed (batch_hash) and all "
-                "runs the same validation windows (val_hash)." if same else ''), '',
-             'Settings: ' + ', '.join(f'{k}={v}' for k, v in summary['settings'].items()), '', table(summary), '',
-             f"Final val loss: the last evaluation, mean ± std over seeds. Δ: the per-seed paired difference to "
-             f"{summary['baseline']} (same seed, so same batches), mean ± its std over seeds; resolved: a paired t-test "
-             f"at 95% (Student's t with n-1 degrees of freedom). tok/s: median over log lines; train time: optimizer "
-             f"steps only (evaluation excluded); {times_note(summary)}. params: total (tied embedding counted once); "
-             f"FFN: W_up/W_gate/W_down (all experts); extras per model: learned activation coefficients and MoA gates "
-             f"of all layers.",
-             f"Seed noise: std over seeds of the final val loss {summary['seed_std']:.4f} (pooled over variants); std of "
-             f"the paired differences {fmt_loss(summary['paired_diff_std'])} (pooled)." if summary['seed_std'] is not None
+             + (" Each variant at its own best learning rate (see Learning rates)." if summary.get('lr') else '')
+             + (" Logs: the same batches per seed (batch_hash), the same validation windows (val_hash)." if same else ''),
+             '', 'Settings: ' + ', '.join(f'{k}={v}' for k, v in summary['settings'].items()), '', table(summary), '',
+             f"Final val loss: the last evaluation's. Δ: the difference to {summary['baseline']}, paired by seed (same "
+             f"batches); resolved: a paired t-test at 95% (Student's t, n−1 dof). tok/s: median over log lines; train "
+             f"time: optimizer steps only, {times_note(summary)}. params: total (tied embedding once); FFN: "
+             f"W_up/W_gate/W_down (all experts); extras: learned activation coefficients and MoA gates, all layers.",
+             f"Seed noise (pooled over variants): std of the final val loss {summary['seed_std']:.4f}, of the paired "
+             f"differences {fmt_loss(summary['paired_diff_std'])}." if summary['seed_std'] is not None
              else "One seed: no estimate of seed noise (use --seeds=3).", '']
     if not all(summary['same_batches'].values()):
         lines += ['WARNING: runs of the same seed saw different training batches (batch_hash differs).', '']
@@ -409,13 +355,6 @@ def write_markdown(path, summary):
         lines += ['WARNING: runs were evaluated on different validation windows (val_hash differs).', '']
     lines += [f"{v} seed {r['seed']} stopped at iteration {r['iters']} (see {r['dir']}/train.out).\n"
               for v, s in summary['variants'].items() for r in s['runs'] if r['status'] != 'done']
-    lines += lr_section(summary) if summary.get('lr') else []
-    lines += matched_section(summary)
-    learned = learned_section(summary)
-    if learned:
-        lines += ['## What the learnable activations learned', '',
-                  "From the last evaluation of each run, averaged over seeds, as each activation reports itself "
-                  "(activations.py, `learned`): per layer, `act` is the activation (the gate branch's for a GLU), "
-                  "`act_up` the up branch's, `moe` the expert load on the first validation batch.", ''] + learned
+    lines += (lr_section(summary) if summary.get('lr') else []) + matched_section(summary) + learned_section(summary)
     lines += ['![loss curves](loss.png)', ''] + acts_section(summary)
     write_text(path, '\n'.join(lines))

@@ -1,12 +1,11 @@
 """
 The files nanoFFN writes and reads back, and the rule they all follow: a write lands whole or not at all.
 
-Every file (checkpoint, JSON record, summary, picture, shard) is written into a temporary file beside its place,
-flushed to disk and renamed over it, so a kill, a full disk or a read-only folder leaves what was there before intact
-and no temporary file behind. A failure to write stops the command with one sentence (RunStopped, exit status 3); a
-Ctrl-C during a checkpoint is held until the checkpoint is whole. log.jsonl is the one file written by appending: a
-torn last line is set aside when it is read. A run directory holds ckpt.pt, log.jsonl, .lock (its owner, see
-lock_run_dir) and stopped.txt (why a run stopped; the next try removes it).
+Every file is written into a temporary file beside its place, synced and renamed over it, so a kill, a full disk or a
+read-only folder leaves what was there before intact and no temporary file behind; a failure to write stops the
+command with one sentence (RunStopped, exit status 3). log.jsonl is the one file appended to: a line that is not a
+record as train.py writes it is set aside when read. A run directory holds ckpt.pt, log.jsonl, .lock (its owner) and
+stopped.txt (why it stopped; the next try removes it).
 """
 import fcntl
 import json
@@ -30,6 +29,7 @@ LOCK_FD_ENV = 'NANOFFN_LOCK_FD'  # compare.py hands the lock it took for a run t
 
 
 def write_failed(path, e):
+    """The one-sentence stop of a write that failed."""
     reason = getattr(e, 'strerror', None) or (str(e).splitlines() or [type(e).__name__])[0]
     return RunStopped(f"could not write {path} ({reason}); what was there before is unchanged: free some space or "
                       f"make the folder writable, then run the same command again.")
@@ -211,7 +211,6 @@ def read_log_lines(path):
 
 
 def read_log(path):
-    """The records of a log.jsonl (damaged lines set aside, see read_log_lines)."""
     return read_log_lines(path)[0]
 
 
@@ -262,12 +261,9 @@ class LogFile:
 
 def try_lock_run_dir(out_dir):
     """(lock file, None) if this process now owns out_dir, or (None, 'PID n on host h') naming the process that does.
-
-    The lock is an exclusive fcntl.flock on out_dir/.lock, a file holding the owner's PID and host. The kernel releases
-    a flock when its process ends, however it ends (kill -9 included), so a .lock left by a dead run is simply taken
-    over. Keep the returned file open for as long as the run writes; closing it releases the lock. A process started
-    with the lock's file descriptor in LOCK_FD_ENV shares its parent's lock. On network filesystems flock may exclude
-    only processes of the same machine, so two machines must not train into one shared folder at once."""
+    An exclusive fcntl.flock on out_dir/.lock (which holds the owner's PID and host), released by the kernel when its
+    process ends, however it ends: a dead run's lock is simply taken over. Closing the file releases it; a child started
+    with its descriptor in LOCK_FD_ENV shares it. On network filesystems it may exclude only processes of one machine."""
     path = os.path.join(out_dir, '.lock')
     try:
         os.makedirs(out_dir, exist_ok=True)
@@ -276,7 +272,11 @@ def try_lock_run_dir(out_dir):
     except OSError as e:
         raise UserError(f"cannot write in {out_dir} ({e.strerror or e}); choose a directory you can write to.") from None
     inherited = os.environ.get(LOCK_FD_ENV, '')
-    if inherited.isdigit() and _same_file(int(inherited), f.fileno()):
+    try:
+        shared = inherited.isdigit() and os.path.samestat(os.fstat(int(inherited)), os.fstat(f.fileno()))
+    except OSError:
+        shared = False
+    if shared:
         f.close()
         f = open(int(inherited), 'r+b', buffering=0)
     try:
@@ -304,11 +304,3 @@ def lock_run_dir(out_dir):
         raise UserError(f"{out_dir} is in use by another run ({owner}); wait for it to finish or stop it, or choose "
                         f"another --out_dir.")
     return f
-
-
-def _same_file(fd, other_fd):
-    try:
-        a, b = os.fstat(fd), os.fstat(other_fd)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)

@@ -1,18 +1,5 @@
-"""
-The statistics behind compare.py's verdicts, from scipy rather than hand-typed tables:
-
-    paired(diffs)                  per-seed paired differences: mean, std, Student t test, t confidence interval
-    bootstrap_ci(values)           a percentile bootstrap CI of the mean (scipy.stats.bootstrap), for skewed spreads
-    gap_trend(log_n, gaps)         least-squares slope of a gap against log N, its CI, and 'grows'/'shrinks'/'flat'
-    power_law_fit(n, loss)         L(N) = E + A·N^(−α) with scipy.optimize.curve_fit (Kaplan et al. 2020; Hoffmann
-                                   et al. 2022 add the data term), with standard errors; only with >= 4 sizes
-    reach(x, loss, target)         where a loss curve first reaches a target, linearly interpolated
-    loss_at(x, loss, budget)       the loss of a curve at a budget (tokens, FLOPs or seconds), linearly interpolated
-    choose_rate(losses)            the learning rate with the lowest mean loss over seeds, and whether it is at an edge
-    compute_multiplier(...)        the compute a baseline needs for a variant's loss, over the variant's compute
-
-Every function takes plain lists and returns plain JSON-able values (None where a number cannot be had).
-"""
+"""The statistics behind the verdicts of compare.py and ladder.py, from scipy rather than hand-typed tables. Every
+function takes plain lists and returns plain JSON-able values (None where a number cannot be had)."""
 import math
 import statistics
 
@@ -23,24 +10,24 @@ CONFIDENCE = 0.95  # every interval and test here is two-sided at this level
 MIN_FIT_SIZES = 4  # E, A and α are 3 parameters: fewer than 4 sizes leave no degree of freedom to judge the fit
 
 
+def t_quantile(dof, confidence=CONFIDENCE):
+    """t_{(1+c)/2, dof}: the half-width of a two-sided t interval, in standard errors."""
+    return stats.t.ppf(0.5 + confidence / 2, dof)
+
+
 def paired(diffs, confidence=CONFIDENCE):
-    """Mean and std of per-seed paired differences d_i, the t statistic t = mean / (std / √n) with its two-sided p
-    value (scipy.stats.ttest_1samp, Student's t with n−1 degrees of freedom), the CI mean ± t_{(1+c)/2, n−1}·std/√n,
-    and `resolved`: whether the CI excludes 0 (equivalently p < 1 − confidence). One seed: no spread, no test."""
+    """Mean and std of per-seed paired differences d_i; t = mean / (std / √n) and its two-sided p (Student's t, n−1
+    dof: scipy.stats.ttest_1samp); the CI mean ± t_{(1+c)/2, n−1}·std/√n; `resolved`: the CI excludes 0 (p < 1 − c)."""
     d = [float(v) for v in diffs if v is not None and math.isfinite(v)]
     if not d:
         return None
     n, mean = len(d), float(np.mean(d))
-    out = {'mean': mean, 'std': None, 'min': min(d), 'max': max(d), 'n': n, 't': None, 'p': None, 'ci': None,
-           'resolved': False}
-    if n < 2:
-        return out
-    std = float(np.std(d, ddof=1))
-    out['std'] = std
-    if std == 0:
+    std = float(np.std(d, ddof=1)) if n > 1 else None
+    out = dict(mean=mean, std=std, min=min(d), max=max(d), n=n, t=None, p=None, ci=None, resolved=False)
+    if not std:  # one seed, or no spread: nothing to test
         return out
     test = stats.ttest_1samp(d, 0.0)
-    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * std / math.sqrt(n)
+    half = t_quantile(n - 1, confidence) * std / math.sqrt(n)
     out.update(t=float(test.statistic), p=float(test.pvalue), ci=[float(mean - half), float(mean + half)],
                resolved=bool(test.pvalue < 1 - confidence))
     return out
@@ -58,16 +45,15 @@ def bootstrap_ci(values, confidence=CONFIDENCE, n_resamples=2000, seed=0):
 
 
 def gap_trend(log_n, gaps, confidence=CONFIDENCE):
-    """The trend of a gap Δ with size: the least-squares line Δ = a + b·ln N through every seed-level point
-    (ln N_j, Δ_ij), so the CI of the slope b comes from the seed-level spread around the line:
-    b ± t_{(1+c)/2, m−2}·SE(b) with m points (scipy.stats.linregress). 'grows' when the whole CI is above 0 (Δ rises
-    with N), 'shrinks' when below, else 'flat within noise'. Needs 2 sizes and 3 points; else None."""
+    """The trend of a gap Δ with size: the least-squares line Δ = a + b·ln N through every seed's point (ln N_j, Δ_ij)
+    (scipy.stats.linregress), so the slope's CI b ± t_{(1+c)/2, m−2}·SE(b), m points, comes from the seeds' spread.
+    'grows' when the whole CI is above 0 (Δ rises with N), 'shrinks' when below, else 'flat within noise'. Needs 2
+    sizes and 3 points; else None."""
     pts = [(float(x), float(g)) for x, g in zip(log_n, gaps) if g is not None and math.isfinite(g)]
     if len({x for x, _ in pts}) < 2 or len(pts) < 3:
         return None
-    x, y = np.array(pts).T
-    fit = stats.linregress(x, y)
-    half = stats.t.ppf(0.5 + confidence / 2, len(pts) - 2) * fit.stderr
+    fit = stats.linregress(*np.array(pts).T)
+    half = t_quantile(len(pts) - 2, confidence) * fit.stderr
     lo, hi = fit.slope - half, fit.slope + half
     verdict = 'grows' if lo > 0 else 'shrinks' if hi < 0 else 'flat within noise'
     return {'slope_per_ln_n': float(fit.slope), 'ci': [float(lo), float(hi)], 'stderr': float(fit.stderr),
@@ -79,10 +65,10 @@ def power_law(n, e, a, alpha):
 
 
 def power_law_fit(n, loss):
-    """Fit L(N) = E + A·N^(−α) by least squares (scipy.optimize.curve_fit) to every (N, loss) point, seeds included.
-    Fitted as E + A'·(N/N₀)^(−α) with N₀ the geometric mean of the sizes (well conditioned), then A = A'·N₀^α; the
-    standard errors come from curve_fit's covariance, A's by the delta method. With fewer than MIN_FIT_SIZES distinct
-    sizes (or a fit that does not converge or has an undefined covariance) returns {'identifiable': False, 'why'}."""
+    """Fit L(N) = E + A·N^(−α) (Kaplan et al. 2020; Hoffmann et al. 2022 add the irreducible E) by least squares
+    (scipy.optimize.curve_fit) to every (N, loss) point, seeds included, as E + A'·(N/N₀)^(−α) with N₀ the sizes'
+    geometric mean (well conditioned), then A = A'·N₀^α; standard errors from the fit's covariance, A's by the delta
+    method. {'identifiable': False, 'why'} with fewer than MIN_FIT_SIZES sizes or no converged, determined fit."""
     pts = [(float(a), float(b)) for a, b in zip(n, loss) if b is not None and math.isfinite(b)]
     sizes = sorted({a for a, _ in pts})
     if len(sizes) < MIN_FIT_SIZES:
@@ -101,9 +87,8 @@ def power_law_fit(n, loss):
     a = a1 * n0 ** alpha
     # delta method for A = A'·N₀^α: dA/dA' = N₀^α, dA/dα = A·ln N₀
     grad = np.array([n0 ** alpha, a * math.log(n0)])
-    sub = cov[np.ix_([1, 2], [1, 2])]
     return {'identifiable': True, 'E': e, 'A': a, 'alpha': alpha, 'E_se': float(math.sqrt(cov[0, 0])),
-            'A_se': float(math.sqrt(grad @ sub @ grad)), 'alpha_se': float(math.sqrt(cov[2, 2])),
+            'A_se': float(math.sqrt(grad @ cov[1:, 1:] @ grad)), 'alpha_se': float(math.sqrt(cov[2, 2])),
             'sizes': len(sizes), 'points': len(pts)}
 
 
@@ -123,9 +108,7 @@ def reach(x, loss, target):
 def loss_at(x, loss, budget):
     """The loss of a curve at x = budget, linearly interpolated between its points; past its last point, its last
     loss (the run ended before the budget: it cannot be credited with training it did not do)."""
-    if budget >= x[-1]:
-        return float(loss[-1])
-    return float(np.interp(budget, x, loss))
+    return float(loss[-1]) if budget >= x[-1] else float(np.interp(budget, x, loss))
 
 
 def choose_rate(losses):
@@ -148,12 +131,9 @@ def compute_for_loss(fit, loss):
 
 def compute_multiplier(base_points, var_points, budget, n_boot=1000, seed=0):
     """The effective compute multiplier of a variant (Marin's "effective speedup" before time): with the baseline's
-    loss-vs-compute law L_b(C) = E + A·C^(−α) fitted over its sizes, a variant that reaches loss L_v with compute C_v
-    is worth C_b(L_v) / C_v, the compute the baseline needs for that loss over what the variant used (> 1: the
-    variant is worth that much more compute). Per size, from the variant's mean loss; and at `budget` (a compute past
-    the ladder), from the variant's own fitted law L_v(budget). Points: [(compute, [loss per seed])] per size, seeds
-    in the same order for both (seed i trained on the same batches). The intervals resample seeds, paired across
-    sizes and variants (a bootstrap, Efron 1979), widened to a t interval (so 2 seeds give a wide one, honestly).
+    law L_b(C) = E + A·C^(−α) fitted over its sizes, a variant reaching loss L_v with compute C_v is worth
+    C_b(L_v) / C_v (> 1: worth that much more compute). Per size from the variant's mean loss; at `budget` from its
+    own fitted law, L_v(budget). Points: [(compute, [loss per seed])] per size, seed i the same batches for both;
     None where a fit is not identifiable."""
     def multipliers(pick):
         b = [(c, statistics.fmean([ls[i] for i in pick])) for c, ls in base_points]
@@ -168,18 +148,18 @@ def compute_multiplier(base_points, var_points, budget, n_boot=1000, seed=0):
     point = multipliers(list(range(n_seeds)))
     if point is None:
         return None
-    # the interval: the spread of ln(multiplier) over seed resamples, as a standard error, widened to a t interval
-    # with n_seeds − 1 degrees of freedom (a plain percentile bootstrap of 2-4 seeds covers far less than 95%)
+    # the interval: ln(multiplier)'s spread over seed resamples paired across sizes and variants (a bootstrap, Efron
+    # 1979) as a standard error, widened to a t interval with n_seeds − 1 dof (a percentile one of 2-4 seeds is narrow)
     rng = np.random.default_rng(seed)
     boots = np.log([m for m in (multipliers(list(rng.integers(0, n_seeds, n_seeds))) for _ in range(n_boot)) if m])
-    finite = lambda x: float(x) if x is not None and math.isfinite(x) else None  # inf: below the baseline's floor
-    out = []
-    for k, m in enumerate(point):
-        col = boots[:, k] if len(boots) > 1 and n_seeds > 1 else np.array([])
-        col = col[np.isfinite(col)]
+
+    def interval(k, m):
+        col = boots[:, k][np.isfinite(boots[:, k])] if len(boots) > 1 and n_seeds > 1 else []
         if len(col) < 2 or not math.isfinite(m):
-            out.append({'multiplier': finite(m), 'ci': None})
-            continue
-        half = stats.t.ppf(0.5 + CONFIDENCE / 2, n_seeds - 1) * col.std(ddof=1) * math.sqrt(n_seeds / (n_seeds - 1))
-        out.append({'multiplier': finite(m), 'ci': [math.exp(math.log(m) - half), math.exp(math.log(m) + half)]})
+            return None
+        half = t_quantile(n_seeds - 1) * col.std(ddof=1) * math.sqrt(n_seeds / (n_seeds - 1))
+        return [math.exp(math.log(m) - half), math.exp(math.log(m) + half)]
+
+    # a multiplier of inf: the variant's loss is below the baseline's floor E
+    out = [{'multiplier': float(m) if math.isfinite(m) else None, 'ci': interval(k, m)} for k, m in enumerate(point)]
     return {'per_size': out[:-1], 'at_budget': {**out[-1], 'compute': budget}, 'seeds': n_seeds, 'bootstrap': len(boots)}
