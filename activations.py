@@ -316,13 +316,11 @@ class XIELU(Activation):
 @dataclass(frozen=True)
 class Variant:
     """
-    kind:   'mlp': y = W_down φ(W_up x), hidden width m = ffn_mult·d.
-            'glu': y = W_down (φ(W_gate x) ⊙ φ_up(W_up x)), m = round(2/3·ffn_mult·d), so the weights match the mlp.
-    act:    builds φ (the gate branch's for glu) from (config, branch); config is a GPTConfig, branch 0 = gate.
-    act_up: glu only: builds φ_up from (config, branch 1).
-    extras: the learned scalars the activation(s) add per FFN layer, as a formula of the config (the tests check it
-            against the built modules, and README's table states it).
-    source: where the variant comes from (README's table of variants shows it; a test keeps the two equal).
+    kind:   'mlp': y = W_down φ(W_up x), m = ffn_mult·d; 'glu': y = W_down (φ(W_gate x) ⊙ φ_up(W_up x)),
+            m = round(2/3·ffn_mult·d), so the weights match the mlp.
+    act:    builds φ (the gate branch's for glu) from (config, branch); act_up: glu only, builds φ_up (branch 1).
+    extras: the learned scalars the activation(s) add per FFN layer, a formula of the config (tests check it).
+    source: where the variant comes from (README's table shows it; a test keeps the two equal).
     """
     kind: str
     act: Callable

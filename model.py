@@ -111,18 +111,14 @@ class FFN(nn.Module):
 
 class MoE(nn.Module):
     """
-    Dropless top-k mixture of FFN experts of the configured variant.
-      router (fp32, no bias): z = W_r x, p = softmax(z), keep the top-k, renormalise their weights to sum to 1
-        (for k ≥ 2; top-1 keeps its probability p_e, as Switch Transformer does: renormalised, its weight would be
-        exactly 1 and the router would learn nothing from the language-model loss);
-      dispatch: sort the (token, expert) pairs by expert and run each expert's rows as one grouped matmul;
-      y(x) = dropout(Σ_{e in top-k} w_e · FFN_e(x)), the dense FFN's output dropout.
-    The activation's learnable coefficients are shared by the experts of a layer, and MoA's gates are computed once
-    per token and reused by every expert the token visits (as in PolyCom's OLMoE code).
-    Returns (y, aux), aux = [load-balance loss, z-loss]:
-      load balance (Switch Transformer, Fedus et al. 2021): w_aux·E/(k·T)·Σ_i c_i·P̄_i, c_i the tokens routed to
-        expert i, P̄_i its mean router probability; it equals w_aux when the load is perfectly balanced;
-      z-loss (ST-MoE, Zoph et al. 2022): w_z·mean(logsumexp(z)²), keeps the router logits small.
+    Dropless top-k mixture of FFN experts of the configured variant: y(x) = dropout(Σ_{e in top-k} w_e · FFN_e(x)).
+      router (fp32, no bias): p = softmax(W_r x), keep the top-k, renormalise their weights (k ≥ 2; top-1 keeps p_e,
+        as Switch Transformer does, or the router would learn nothing from the language-model loss);
+      dispatch: the (token, expert) pairs sorted by expert, each expert's rows one group of a grouped matmul.
+    A layer's experts share the activation's coefficients, and MoA's gates are computed once per token (as PolyCom's
+    OLMoE code does). Returns (y, aux), aux = [load balance w_aux·E/(k·T)·Σ_i c_i·P̄_i (Switch Transformer; c_i the
+    tokens routed to expert i, P̄_i its mean probability; w_aux at perfect balance), z-loss w_z·mean(logsumexp(z)²)
+    (ST-MoE)].
     """
 
     def __init__(self, config):

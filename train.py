@@ -17,11 +17,9 @@ Worth knowing:
   (which windows) and `act` (what the activations learned, see model.GPT.learned). The checkpoint written at iteration
   k follows line k, and a resumed run drops any line past its checkpoint before appending.
 - init_from=resume takes the settings saved in out_dir/ckpt.pt and applies only what you pass on top; the model keys
-  and the data stream (dataset, batch_size, block_size, seed) cannot change.
-- One run per out_dir: a run locks out_dir/.lock before it writes anything there (see rundir.try_lock_run_dir).
+  and the data stream (dataset, batch_size, block_size, seed) cannot change. One run per out_dir (a lock).
 - A run stops (exit status 3, its reason in out_dir/stopped.txt) when a loss or the weights become non-finite or a
-  file cannot be written; a checkpoint only ever holds finite weights with a finite validation loss.
-- NANOFFN_NAN_AT=k makes the loss of iteration k NaN, to exercise that stop. It has no other effect.
+  file cannot be written; a checkpoint only ever holds finite weights. NANOFFN_NAN_AT=k makes iteration k's loss NaN.
 """
 import hashlib
 import json
