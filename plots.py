@@ -68,7 +68,7 @@ def loss(path, summary, by_variant, smooth):
 
 
 def ladder(path, lad):
-    """Final loss against N and against training FLOPs, the gap to the baseline against N, the best rate per width."""
+    """Final loss against N and against training FLOPs, the gap to the baseline against N, the best rate per size."""
     from matplotlib.ticker import FormatStrFormatter, NullFormatter
     sweep = any(p['best_lr'] for lv in lad['variants'].values() for p in lv['points'])
     fig, axes, colors = figure((22, 5) if sweep else (17, 5), 4 if sweep else 3, len(lad['variants']))
@@ -87,9 +87,10 @@ def ladder(path, lad):
             axes[2].errorbar(x, mean, yerr=[mean - ci[:, 0], ci[:, 1] - mean], color=c, marker='o', capsize=3,
                              label=v + (f" ({lv['trend']['verdict']})" if lv['trend'] else ''))
         if sweep:
-            axes[3].plot([p['n_embd'] for p in pts], [p['best_lr'] for p in pts], color=c, marker='o', label=v)
+            # against N, not width: ladder sizes may share a width and differ in depth
+            axes[3].plot([p['N'] * (1 + 0.02 * i) for p in pts], [p['best_lr'] for p in pts], color=c, marker='o', label=v)
     if sweep:
-        axes[3].set(xscale='log', yscale='log', xlabel='width n_embd', ylabel='best peak learning rate',
+        axes[3].set(xscale='log', yscale='log', xlabel='non-embedding parameters N', ylabel='best peak learning rate',
                     title='each variant\'s best rate per size')
     axes[2].axhline(0.0, color='k', linewidth=0.8)
     axes[2].set(xscale='log', xlabel='non-embedding parameters N', ylabel=f"Δ = L − L_{lad['baseline']}",
