@@ -53,11 +53,6 @@ def parse_dict(act_dict):
     return names
 
 
-def wide(t):
-    """At least fp32: half-precision inputs are computed in fp32 (fp64 stays fp64, for gradcheck)."""
-    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
-
-
 def formula_or_lean(formula, lean_fn, *args):
     """The one place eager and compiled training part ways. Eager, the memory-lean autograd Function of lean.py, which
     keeps only the inputs for backward. Compiled, the plain formula: Inductor fuses it, chooses what backward keeps
@@ -115,7 +110,7 @@ def rms_normalize(v, eps=1e-6):
 def poly_formula(h, coeffs, use_relu, use_norm, eps=1e-6):
     """a_0 + Σ_{p=1..r} a_p · N(base^p) with base = h or relu(h) (N skipped without norm), in fp32 (at least),
     returned in h's dtype. Plain autograd keeps every power and every normalised tensor for backward."""
-    hf, a = wide(h), wide(coeffs)
+    hf, a = lean.fp32(h), lean.fp32(coeffs)
     base = torch.relu(hf) if use_relu else hf
     y = a[0] * torch.ones_like(hf)
     for p in range(1, len(a)):
@@ -161,13 +156,13 @@ class Poly(Activation):
 def mix_formula(h, coefs, basis):
     """Σ_k c_k φ_k(h) over the dictionary basis ((φ, φ') pairs), coefs (..., K) broadcast over the hidden channels (a
     single row (K,) for LA), in fp32 (at least), returned in h's dtype. Plain autograd keeps the K activations."""
-    hf, c = wide(h), wide(coefs)
+    hf, c = lean.fp32(h), lean.fp32(coefs)
     return sum(c[..., k : k + 1] * fn(hf) for k, (fn, _) in enumerate(basis)).to(h.dtype)
 
 
 def mix_product(g, u, cg, cu, basis_g, basis_u):
     """(Σ_k cg_k φ_k(g)) ⊙ (Σ_l cu_l φ_l(u)): both branches of la_glu / moa_glu, in fp32, returned in g's dtype."""
-    return (mix_formula(wide(g), cg, basis_g) * mix_formula(wide(u), cu, basis_u)).to(g.dtype)
+    return (mix_formula(lean.fp32(g), cg, basis_g) * mix_formula(lean.fp32(u), cu, basis_u)).to(g.dtype)
 
 
 def _init_alpha(names, la_init):
@@ -233,7 +228,7 @@ class MoA(Activation):
 
     def token_coefs(self, x):
         """c(x): K coefficients per token, at least fp32 (tiny)."""
-        z = wide(self.mix_logits(x))
+        z = lean.fp32(self.mix_logits(x))
         if self.gate_kind == "sigmoid":
             s = 2.0 * torch.sigmoid(z)
         elif self.gate_kind == "softmax":
@@ -274,7 +269,7 @@ def glu(act_gate, act_up, g, u, coefs_gate, coefs_up):
 def xielu_formula(h, a_p, a_n, beta, eps):
     """φ(h) = α_p·h² + β·h for h > 0, α_n·(expm1(min(h, ε)) − h) + β·h for h ≤ 0, with α_p = softplus(a_p),
     α_n = β + softplus(a_n); in fp32 (at least), returned in h's dtype."""
-    hf = wide(h)
+    hf = lean.fp32(h)
     alpha_p, alpha_n = F.softplus(a_p), beta + F.softplus(a_n)
     pos = alpha_p * hf * hf + beta * hf
     neg = alpha_n * (torch.expm1(torch.clamp(hf, max=eps)) - hf) + beta * hf
@@ -297,16 +292,11 @@ class XIELU(Activation):
         self.a_p = nn.Parameter(torch.tensor(inv_softplus(alpha_p_init)))
         self.a_n = nn.Parameter(torch.tensor(inv_softplus(alpha_n_init - beta)))
 
-    def alphas(self):
-        """(α_p, α_n) from the raw parameters (a_p, a_n)."""
-        return F.softplus(self.a_p), self.beta + F.softplus(self.a_n)
-
     def forward(self, h, coefs=None):
         return formula_or_lean(xielu_formula, lean.xielu, h, self.a_p, self.a_n, self.beta, self.eps)
 
     def learned(self, x):
-        alpha_p, alpha_n = self.alphas()
-        return {"alpha_p": alpha_p.item(), "alpha_n": alpha_n.item()}
+        return {"alpha_p": F.softplus(self.a_p).item(), "alpha_n": (self.beta + F.softplus(self.a_n)).item()}
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -199,8 +199,6 @@ def summarize_sweep(cfg, variants, seeds, baseline, runs, statuses):
     return summary, by_variant
 
 
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # summary.md and the printed table
 

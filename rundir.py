@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 from contextlib import contextmanager
 
 import torch
@@ -96,9 +95,6 @@ def _torch_save(obj, f):
 @contextmanager
 def ctrl_c_held():
     """Within it, a Ctrl-C (SIGINT) waits: raised as KeyboardInterrupt once the block is done."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     received = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
     try:
@@ -231,28 +227,13 @@ def truncate_log(path, iter_num):
     return len(records)
 
 
-class LogFile:
-    """log.jsonl opened for appending: one line per record, flushed at once (a reader sees every finished line)."""
-
-    def __init__(self, path, append):
-        self.path = path
-        try:
-            self.file = open(path, 'a' if append else 'w', encoding='utf-8')
-        except OSError as e:
-            raise write_failed(path, e) from None
-
-    def write(self, record):
-        try:
-            self.file.write(json.dumps(record) + '\n')
-            self.file.flush()
-        except OSError as e:
-            raise write_failed(self.path, e) from None
-
-    def close(self):
-        try:
-            self.file.close()
-        except OSError:
-            pass
+def append_log(path, record):
+    """One record as one line of log.jsonl, appended and closed at once (a reader sees every finished line)."""
+    try:
+        with open(path, 'a', encoding='utf-8') as f:
+            f.write(json.dumps(record) + '\n')
+    except OSError as e:
+        raise write_failed(path, e) from None
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from configurator import (DEFAULTS, MODEL_KEYS, STREAM_KEYS, TYPES, RunStopped, 
                           parse_args, run_cli)
 from model import GPT
 from progress import progress_bar
-from rundir import (STOPPED, LogFile, load_checkpoint, lock_run_dir, model_state, save_checkpoint, truncate_log,
+from rundir import (STOPPED, append_log, load_checkpoint, lock_run_dir, model_state, save_checkpoint, truncate_log,
                     write_text)
 
 DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
@@ -114,6 +114,7 @@ class Trainer:
     def __init__(self, cfg, checkpoint):
         self.cfg, self.out_dir = cfg, cfg['out_dir']
         self.ckpt_path = os.path.join(self.out_dir, 'ckpt.pt')
+        self.log_path = os.path.join(self.out_dir, 'log.jsonl')
         self.setup_system()
         self.setup_data()
         self.setup_model(checkpoint)
@@ -214,7 +215,7 @@ class Trainer:
         """Lock out_dir, then change it: a resumed run drops the log lines past its checkpoint, a new one replaces
         an old run (--overwrite=True) only now that everything it needs has been checked."""
         cfg = self.cfg
-        self.lock = self.log = self.wandb_run = None
+        self.lock = self.wandb_run = None
         self.has_learned = self.master  # only the master logs, so only it pays for learned()'s extra pass
         if not self.master:
             return
@@ -224,12 +225,12 @@ class Trainer:
         for name in os.listdir(self.out_dir):  # a new try of a run that stopped, or that was killed mid-save
             if name == STOPPED or name.startswith('.ckpt.pt.tmp'):
                 os.remove(os.path.join(self.out_dir, name))
-        log_path = os.path.join(self.out_dir, 'log.jsonl')
-        if resumed and os.path.exists(log_path):
-            self.log_lines = truncate_log(log_path, self.saved_iter)
+        if resumed and os.path.exists(self.log_path):
+            self.log_lines = truncate_log(self.log_path, self.saved_iter)
         if not resumed and os.path.exists(self.ckpt_path):  # the old run goes now, not at the first save, so a
             os.remove(self.ckpt_path)  # resume can never join the old checkpoint to the new log
-        self.log = LogFile(log_path, append=resumed)
+        if not resumed:  # an empty log now: a folder that cannot take it stops the run before it trains
+            write_text(self.log_path, '')
         print(f"{cfg['dataset']} ({self.meta.get('tokenizer')}, vocab {self.meta['vocab_size']}): "
               f"{self.tokens_per_iter:,} tokens per iteration ({self.world_size} process(es) x {self.gas} accumulation "
               f"steps x {cfg['batch_size']} x {cfg['block_size']})")
@@ -303,7 +304,7 @@ class Trainer:
 
     def write_log(self, record):
         if self.master:
-            self.log.write(record)
+            append_log(self.log_path, record)
             self.log_lines += 1
             if self.wandb_run is not None:  # the same record, at the same iteration
                 self.wandb_run.log(wandb_log.fields(record), step=record['iter'])
@@ -430,8 +431,6 @@ class Trainer:
 
     def close(self, pbar):
         pbar.close()
-        if self.log is not None:
-            self.log.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
         if self.lock is not None:

@@ -80,10 +80,6 @@ def _to_xy(windows):
 
 class DataLoader:
     def __init__(self, dataset, block_size, batch_size, seed, rank=0, world_size=1, data_dir="data"):
-        if not (0 <= rank < world_size):
-            raise ValueError(f"rank {rank} is not in range for world_size {world_size}")
-        if seed < 0 or block_size < 1 or batch_size < 1:
-            raise UserError(f"seed must be >= 0 and block_size, batch_size >= 1 (got {seed}, {block_size}, {batch_size}).")
         self.dataset, self.block_size, self.batch_size, self.seed = dataset, block_size, batch_size, seed
         self.rank, self.world_size = rank, world_size
         self.dir = os.path.join(data_dir, dataset)

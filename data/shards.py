@@ -77,11 +77,6 @@ def open_shard(path, n_tokens=None):
     return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(n_tokens,))
 
 
-def read_shard(path):
-    """The shard's tokens as an in-memory uint16 array."""
-    return np.array(open_shard(path))
-
-
 def shard_paths(dataset_dir, split):
     """The shards of one split ('train' or 'val'), in name order."""
     return sorted(glob.glob(os.path.join(glob.escape(dataset_dir), f"{split}_*.bin")))

@@ -25,7 +25,7 @@ from data import shards
 from data import tokenizer as tokmod
 from data.corpus import read_shakespeare
 from data.loader import DataLoader, DatasetNotPrepared
-from data.shards import HEADER_BYTES, ShardError, read_header, read_shard, shard_paths, write_dataset, write_shard
+from data.shards import HEADER_BYTES, ShardError, open_shard, read_header, shard_paths, write_dataset, write_shard
 from data.tokenizer import EOT, CharTokenizer, get_tokenizer
 
 EOT_TEXT = "<|endoftext|>"
@@ -104,7 +104,7 @@ def test_shard_write_read_round_trip(tmp_path):
     header = np.fromfile(path, dtype="<i4", count=256)
     assert list(header[:4]) == [20240520, 1, 15, 65536] and not header[4:].any()  # [3]: 1 + the largest id
     assert read_header(path) == 15
-    back = read_shard(path)
+    back = np.array(open_shard(path))
     assert back.dtype == np.uint16 and back.tolist() == tokens.tolist()
     with pytest.raises(ValueError):
         write_shard(str(tmp_path / "x.bin"), [65536])
@@ -192,7 +192,7 @@ def split_on_eot(tokens):
 
 
 def read_split(out_dir, prefix):
-    return np.concatenate([read_shard(p) for p in sorted(shard_paths(str(out_dir), prefix.split("_")[0])) if
+    return np.concatenate([np.array(open_shard(p)) for p in sorted(shard_paths(str(out_dir), prefix.split("_")[0])) if
                            os.path.basename(p).startswith(prefix)])
 
 
@@ -437,7 +437,7 @@ def test_shakespeare_prepare_scripts_run_offline(tmp_path, name, tokens, vocab):
     assert meta["vocab_size"] == vocab and meta["train_tokens"] + meta["val_tokens"] == tokens
     assert sorted(os.listdir(out)) == ["meta.json", "train_000.bin", "val_000.bin"]
     tok = get_tokenizer(meta)
-    train, val = read_shard(str(out / "train_000.bin")), read_shard(str(out / "val_000.bin"))
+    train, val = (np.array(open_shard(str(out / f"{split}_000.bin"))) for split in ("train", "val"))
     text = read_shakespeare()
     val_text = tok.decode(val)
     assert tok.decode(train) + val_text == text  # nothing lost or changed
@@ -462,7 +462,7 @@ def test_text_prepare_turns_local_files_into_a_dataset(tmp_path):
     (tmp_path / "in" / "notes.md").write_text("not text", encoding="utf-8")
     meta = text_prepare.prepare([str(tmp_path / "in")], "gpt2", out_dir=str(tmp_path / "mine"), val_fraction=0.2)
     tok = get_tokenizer(meta)
-    stream = np.concatenate([read_shard(str(tmp_path / "mine" / f)) for f in ("train_000.bin", "val_000.bin")])
+    stream = np.concatenate([open_shard(str(tmp_path / "mine" / f)) for f in ("train_000.bin", "val_000.bin")])
     assert meta["files"] == 2 and [tok.decode(d) for d in split_on_eot(stream)] == ["Second file, café.\n", "First file.\n" * 20]
     assert meta["val_tokens"] == round(0.2 * len(stream))
     meta = text_prepare.prepare(str(tmp_path / "in" / "b.txt"), "char", out_dir=str(tmp_path / "c"), val_fraction=0.2)

@@ -118,9 +118,9 @@ def open_archive(archive_path):
     return outer, [m for m in members if m.name.endswith(".xz")]
 
 
-def document_batches(archive_path, docs_per_batch=DOCS_PER_BATCH):
-    """Yields (keys, texts, compressed_bytes_read) in archive order: tar -> .xz -> tar -> .txt, all streamed."""
-    outer, xz_members = open_archive(archive_path)
+def document_batches(archive_path, outer, xz_members):
+    """Yields (keys, texts, compressed_bytes_read) in archive order: tar -> .xz -> tar -> .txt, all streamed, from
+    an archive open_archive opened (closed when done)."""
     with outer:
         keys, texts, nbytes = [], [], 0
         for member in xz_members:
@@ -136,7 +136,7 @@ def document_batches(archive_path, docs_per_batch=DOCS_PER_BATCH):
                         if text:
                             keys.append(f"{member.name}/{doc.name}")
                             texts.append(text)
-                        if len(texts) == docs_per_batch:
+                        if len(texts) == DOCS_PER_BATCH:
                             yield keys, texts, nbytes
                             keys, texts, nbytes = [], [], 0
             except (lzma.LZMAError, tarfile.TarError, EOFError) as e:
@@ -202,10 +202,9 @@ def prepare_subset(subset, archive_path, out_dir, shard_tokens=SHARD_TOKENS, val
     train, val = (ShardWriter(out_dir, f"{split}_{tag}", shard_tokens) for split in ("train", "val"))
     n_docs = n_val_docs = 0
     outer, xz_members = open_archive(archive_path)
-    outer.close()
     total = sum(m.size for m in xz_members)
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"tokenizing subset {subset:02d}") as bar:
-        for keys, texts, nbytes in prefetch(document_batches(archive_path)):
+        for keys, texts, nbytes in prefetch(document_batches(archive_path, outer, xz_members)):
             for key, ids in zip(keys, tok.encode_batch(texts, num_threads)):
                 tokens = np.array([EOT] + ids, dtype=np.uint16)
                 if is_val(key, val_fraction):
