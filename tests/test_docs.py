@@ -1,6 +1,7 @@
-"""What the repository says of itself holds: README's table of variants is the registry, every library module says
-its one job in its first line, and no library imports a script."""
+"""What the repository says of itself holds: README's table of variants is the registry, its table of results is the
+shipped summary, every library module says its one job in its first line, and no library imports a script."""
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -27,6 +28,27 @@ def readme_variant_problems(readme, variants):
 def test_readme_variant_table_is_the_registry():
     problems = readme_variant_problems((ROOT / 'README.md').read_text(encoding='utf-8'), A.VARIANTS)
     assert not problems, '\n'.join(problems)
+
+
+def test_readme_results_table_is_the_shipped_summary():
+    """Each row of README's table of the default comparison says what results/compare_shakespeare_char/summary.json
+    holds: the best rate, the loss there (mean ± std over seeds), the paired Δ at the best and at the shared rate."""
+    summary = json.loads((ROOT / 'results' / 'compare_shakespeare_char' / 'summary.json').read_text(encoding='utf-8'))
+    section = (ROOT / 'README.md').read_text(encoding='utf-8').split('## What the default comparison shows')[1]
+    lines = [l for l in section.split('\n## ')[0].splitlines() if l.startswith('| ') and not l.startswith('| variant')]
+    rows = [[cell.strip() for cell in l.strip().strip('|').split('|')] for l in lines]
+    assert [r[0] for r in rows] == list(summary['variants'])
+    signed = lambda d: f"{d['mean']:+.3f} ± {d['std']:.3f}".replace('-', '−')
+    for v, best, loss, d_best, res_best, d_shared, res_shared in rows:
+        assert float(best) == summary['lr'][v]['best'], v
+        f = summary['variants'][v]['final_val_loss']
+        assert loss == f"{f['mean']:.3f} ± {f['std']:.3f}", v
+        for text, resolved, d in ((d_best, res_best, summary['variants'][v]['diff_to_baseline']),
+                                  (d_shared, res_shared, summary['shared'][v]['diff_to_baseline'])):
+            if v == summary['baseline']:
+                assert (text, resolved) == ('baseline', ''), v
+            else:
+                assert (text.strip('*'), resolved) == (signed(d), 'yes' if d['resolved'] else 'no'), v
 
 
 def imports(path):
