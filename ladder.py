@@ -203,6 +203,12 @@ def write_markdown(path, lad):
     for v, lv in lad['variants'].items():
         cells = ' | '.join(fmt_loss(p['final_val_loss']) for p in lv['points'])
         lines.append(f"| {v} (N {n(lv['points'][-1])} at {sz[-1]['name']}) | {cells} |")
+    if lad['variants'][base]['points'][0]['best_lr'] is not None:  # a sweep: the rate each point is at
+        lines += ['', "## Best learning rate (chosen on the first half of the validation windows)", '',
+                  "The grid at each size is centred on the learning rate above, widened where a best was at its edge.",
+                  '', head, rule]
+        lines += [f"| {v} | " + ' | '.join(f"{p['best_lr']:.3g}" for p in lv['points']) + ' |'
+                  for v, lv in lad['variants'].items()]
     lines += ['', f'## Gap to {base} and its trend with size', '',
               f"Gap Δ = L_variant − L_{base}, paired over seeds: mean [95% t interval]. Trend: the least-squares slope "
               f"of every seed's Δ against ln N [95% CI]: 'grows' (the variant loses ground to {base} as models grow), "

@@ -118,6 +118,7 @@ def test_tiny_ladder_with_tuned_rates_end_to_end_and_reused(shakespeare_char_dir
             assert p['flops'] == model.flops_per_token() * log[-1]['tokens']  # the model's count x the tokens
             assert p['N'] == sum(q.numel() for n, q in model.named_parameters() if not n.startswith('transformer.w'))
             assert p['seed_losses'] == [log[-1]['val_halves'][1]] + p['seed_losses'][1:]  # the report half
+        assert f"| {v} | " + ' | '.join(f"{p['best_lr']:.3g}" for p in lad['variants'][v]['points']) + ' |' in md
     poly = lad['variants']['polynorm']
     assert poly['trend']['points'] == 8 and len(poly['multiplier']['per_size']) == 4
     assert poly['multiplier']['at_budget']['compute'] == 10 * max(p['flops'] for p in lad['variants']['gelu']['points'])
