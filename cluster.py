@@ -10,7 +10,7 @@ import shlex
 import sys
 
 from configurator import UserError
-from runs import train_command
+from runs import command_line
 
 
 def visible_gpus():
@@ -49,11 +49,11 @@ def gpu_env(gpus):
 
 
 def print_plan(todo, n_runs, threads):
-    """--plan: for every run still to do, the command compare.py would run (runs.train_command) on a line of stdout;
+    """--plan: for every run still to do, the command compare.py would run (runs.command_line) on a line of stdout;
     what to do next on stderr."""
     prefix = f"OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} " if threads else ''
     for run, mode in todo:
-        print(prefix + shlex.join(train_command(run, mode)))
+        print(prefix + shlex.join(command_line(run, mode)))
     print(f"compare: {len(todo)} of {n_runs} runs to do" + (
         "; run these lines anywhere that sees this filesystem, then the same command with --report instead of --plan "
         "builds the summary" if todo else ", all finished: --report instead of --plan builds the summary"),

@@ -27,7 +27,7 @@ from configurator import TYPES, RunStopped, UserError, check, check_variants, pa
 from device import compile_cache_dir
 from progress import progress_bar
 from rundir import LOCK_FD_ENV, check_writable, checkpoint_field, read_log, try_lock_run_dir, write_json
-from runs import RECORD, describe_mismatch, make_run, run_state, train_command
+from runs import RECORD, command_line, describe_mismatch, make_run, run_state
 
 COMPARE_DEFAULTS = dict(
     variants='gelu,swiglu',  # comma-separated ffn names (see activations.VARIANTS)
@@ -183,7 +183,7 @@ class Job:
         # at_once: the runs trained side by side, which this run's tok/s and times depend on
         self.record = dict(settings=run['settings'], processes=run['processes'], status='running', at_once=at_once)
         write_json(os.path.join(d, RECORD), self.record)
-        cmd = train_command(run, mode)
+        cmd = command_line(run, mode)
         env = dict(os.environ, PYTHONUNBUFFERED='1', TORCHINDUCTOR_CACHE_DIR=compile_cache_dir(),
                    **cluster.gpu_env(gpus))
         if threads:

@@ -82,7 +82,7 @@ def describe_mismatch(run):
     return f"{run['dir']} was trained with other settings: {shown}"
 
 
-def train_command(run, mode):
+def command_line(run, mode):
     """A run's exact command: train.py with every setting explicit and absolute paths, so that it runs the same from
     anywhere, through torchrun for several processes. mode: 'scratch', 'resume' or 'overwrite' (what the dir holds)."""
     settings = {**run['settings'], 'out_dir': os.path.abspath(run['dir']),

@@ -294,12 +294,12 @@ def test_a_planned_run_that_stops_is_reported_as_stopped(shakespeare_char_dir, t
     comparison then counts it as stopped instead of asking for it again. A deliberate new try removes the note."""
     cfg = compare.settings(args(shakespeare_char_dir, str(tmp_path / 'cmp')) + ['--variants=gelu', '--seeds=1'])
     (run,) = compare.plan(cfg)[3]
-    cmd = runs.train_command(run, 'scratch')
+    cmd = runs.command_line(run, 'scratch')
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, 'NANOFFN_NAN_AT': '3'})
     assert p.returncode == 3, p.stderr[-2000:]
     assert 'non-finite' in open(os.path.join(run['dir'], 'stopped.txt')).read()
     assert runs.run_state(run) == 'stopped'
-    p = subprocess.run(runs.train_command(run, 'resume'), capture_output=True, text=True)  # tried again, no NaN
+    p = subprocess.run(runs.command_line(run, 'resume'), capture_output=True, text=True)  # tried again, no NaN
     assert p.returncode == 0, p.stderr[-2000:]
     assert not os.path.exists(os.path.join(run['dir'], 'stopped.txt'))
     assert runs.run_state(run) == 'done'
