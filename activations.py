@@ -272,7 +272,8 @@ def xielu_formula(h, a_p, a_n, beta, eps):
     hf = lean.fp32(h)
     alpha_p, alpha_n = F.softplus(a_p), beta + F.softplus(a_n)
     pos = alpha_p * hf * hf + beta * hf
-    neg = alpha_n * (torch.expm1(torch.clamp(hf, max=eps)) - hf) + beta * hf
+    # min(h, ε) whose slope at h = ε is 1, as the derivative below takes it (torch.clamp's tie rule varies by version)
+    neg = alpha_n * (torch.expm1(torch.where(hf <= eps, hf, eps)) - hf) + beta * hf
     return torch.where(hf > 0, pos, neg).to(h.dtype)
 
 

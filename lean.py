@@ -79,7 +79,7 @@ class _XIELU(torch.autograd.Function):
         ctx.beta, ctx.eps = beta, eps
         hf = fp32(h)
         alpha_p, alpha_n = torch.nn.functional.softplus(a_p), beta + torch.nn.functional.softplus(a_n)
-        neg = alpha_n * (torch.expm1(torch.clamp(hf, max=eps)) - hf)
+        neg = alpha_n * (torch.expm1(torch.where(hf <= eps, hf, eps)) - hf)
         return (torch.where(hf > 0, alpha_p * hf * hf, neg) + beta * hf).to(h.dtype)
 
     @staticmethod
@@ -90,7 +90,7 @@ class _XIELU(torch.autograd.Function):
         slope_neg = alpha_n * (torch.exp(hf) * (hf <= ctx.eps) - 1.0)
         dh = gf * (torch.where(pos, 2.0 * alpha_p * hf, slope_neg) + ctx.beta)
         d_ap = (gf * hf * hf * pos).sum() * torch.sigmoid(a_p)
-        d_an = (gf * (torch.expm1(torch.clamp(hf, max=ctx.eps)) - hf) * ~pos).sum() * torch.sigmoid(a_n)
+        d_an = (gf * (torch.expm1(torch.where(hf <= ctx.eps, hf, ctx.eps)) - hf) * ~pos).sum() * torch.sigmoid(a_n)
         return dh.to(h.dtype), d_ap.to(a_p.dtype), d_an.to(a_n.dtype), None, None
 
 
