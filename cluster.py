@@ -48,10 +48,15 @@ def gpu_env(gpus):
     return {} if gpus is None else {'CUDA_VISIBLE_DEVICES': ','.join(gpus)}
 
 
+def thread_env(threads):
+    """The thread count of a run's OpenMP and MKL pools (0: the environment's own)."""
+    return {'OMP_NUM_THREADS': str(threads), 'MKL_NUM_THREADS': str(threads)} if threads else {}
+
+
 def print_plan(todo, n_runs, threads):
     """--plan: for every run still to do, the command compare.py would run (runs.command_line) on a line of stdout;
     what to do next on stderr."""
-    prefix = f"OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} " if threads else ''
+    prefix = ''.join(f"{k}={v} " for k, v in thread_env(threads).items())
     for run, mode in todo:
         print(prefix + shlex.join(command_line(run, mode)))
     print(f"compare: {len(todo)} of {n_runs} runs to do" + (

@@ -185,9 +185,7 @@ class Job:
         write_json(os.path.join(d, RECORD), self.record)
         cmd = command_line(run, mode)
         env = dict(os.environ, PYTHONUNBUFFERED='1', TORCHINDUCTOR_CACHE_DIR=compile_cache_dir(),
-                   **cluster.gpu_env(gpus))
-        if threads:
-            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+                   **cluster.gpu_env(gpus), **cluster.thread_env(threads))
         fds = (lock.fileno(),) if run['processes'] == 1 else ()  # torchrun does not pass it on: rank 0 locks anew
         if fds:
             env[LOCK_FD_ENV] = str(fds[0])
