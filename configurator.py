@@ -52,7 +52,7 @@ class GPTConfig:
     ffn_mult: float = 4.0  # non-gated hidden width m = ffn_mult·d; gated variants use ≈ 2/3 of it (same weights)
     poly_order: int = 3  # r of PolyReLU / PolyNorm (2–4)
     act_dict: str = "identity,relu,relu2,gelu,silu,tanh"  # LA / MoA dictionary
-    la_init: str = "onehot"  # onehot (= the kind's baseline: gelu | silu/identity) | mean | sum | onehot:NAME ('A/B': gate/up)
+    la_init: str = "onehot"  # onehot (as the baseline: gelu, swiglu) | mean | sum | onehot:NAME ('A/B': gate/up)
     moa_gate: str = "sigmoid"  # sigmoid | softmax | tanh
     # toy mixture of experts (n_expert = 0: dense)
     n_expert: int = 0
@@ -218,30 +218,23 @@ _TYPE_NAMES = {bool: 'a bool (True/False)', int: 'an int', float: 'a float', str
 
 def coerce(key, value, want, default, where):
     """Return `value` (a Python object) as type `want`, or raise UserError."""
-    shown = value if isinstance(value, str) else repr(value)
-    bad = UserError(f"{where}{key} expects {_TYPE_NAMES.get(want, want.__name__)} (default "
-                    f"{'auto' if default is None else repr(default)}), got '{shown}'.")
-    if value is None:
-        if default is None:
-            return None
-        raise bad
-    if want is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ('true', 'false', '1', '0'):
-            return value.lower() in ('true', '1')
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-    elif want is int and not isinstance(value, bool):
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():  # 1e4 is an int-valued float: fine
-            return int(value)
-    elif want is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    elif want is str and isinstance(value, str):
+    if value is None and default is None:
+        return None
+    if want is bool and isinstance(value, str) and value.lower() in ('true', 'false', '1', '0'):
+        return value.lower() in ('true', '1')
+    if want is bool and isinstance(value, int) and value in (0, 1):  # True, False, 1 or 0
+        return bool(value)
+    if want is int and isinstance(value, int) and not isinstance(value, bool):
         return value
-    raise bad
+    if want is int and isinstance(value, float) and value.is_integer():  # 1e4 is an int-valued float: fine
+        return int(value)
+    if want is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if want is str and isinstance(value, str):
+        return value
+    shown = value if isinstance(value, str) else repr(value)
+    raise UserError(f"{where}{key} expects {_TYPE_NAMES.get(want, want.__name__)} (default "
+                    f"{'auto' if default is None else repr(default)}), got '{shown}'.")
 
 
 def _unknown_key(key, valid, where):
@@ -250,16 +243,6 @@ def _unknown_key(key, valid, where):
         return UserError(f"{where}unknown config key '{key}' (did you mean {' or '.join(repr(c) for c in close)}?); "
                          f"run with --help to list all {len(valid)} keys.")
     return UserError(f"{where}unknown config key '{key}'; valid keys: {', '.join(sorted(valid))}.")
-
-
-def _assigned_names(source):
-    """Names a config file assigns at its top level (so a value equal to the default still counts as chosen)."""
-    names = set()
-    for node in ast.parse(source).body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, (ast.AugAssign, ast.AnnAssign)) else []
-        names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-    return names
 
 
 def _parse_literal(text, want, default):
@@ -297,7 +280,10 @@ def _run_config_file(path, config, defaults, types, given):
         raise UserError(f"config file '{path}' called sys.exit ({said}), so nothing was run.") from None
     except Exception as e:
         raise UserError(f"config file '{path}' failed to run ({type(e).__name__}: {e}); fix the file.") from None
-    assigned = _assigned_names(source)
+    # names the file assigns at its top level, so that a value equal to the default still counts as chosen
+    assigns = [node for node in ast.parse(source).body if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))]
+    targets = [t for node in assigns for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
+    assigned = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
     for key, value in scope.items():
         if key.startswith('_') or callable(value) or type(value).__name__ == 'module':
             continue
@@ -331,29 +317,24 @@ def parse_args(defaults, argv, types=None, prog='train.py', doc=''):
         if not arg.startswith('-'):
             _run_config_file(arg, config, defaults, types, given)
             continue
-        flag = arg[2:].replace('-', '_')
-        if arg.startswith('--') and '=' not in arg and flag in defaults and types.get(flag, type(defaults[flag])) is bool:
-            arg = f'--{flag}=True'  # a bool key alone switches it on: --plan means --plan=True
-        if not arg.startswith('--') or '=' not in arg:
-            raise UserError(f"cannot read argument '{arg}'; write overrides as --key=value (e.g. --n_layer=4).")
-        key, text = arg[2:].split('=', 1)
+        key, equals, text = arg[2:].partition('=')
         key = key if key in defaults else key.replace('-', '_')
+        want = types.get(key, type(defaults.get(key)))
+        if arg.startswith('--') and not equals and want is bool:
+            equals, text = '=', 'True'  # a bool key alone switches it on: --plan means --plan=True
+        if not arg.startswith('--') or not equals:
+            raise UserError(f"cannot read argument '{arg}'; write overrides as --key=value (e.g. --n_layer=4).")
         if key not in defaults:
             raise _unknown_key(key, list(defaults), '')
-        want = types.get(key, type(defaults[key]))
         config[key] = coerce(key, _parse_literal(text, want, defaults[key]), want, defaults[key], '--')
         given.add(key)
     return config, given
 
 
-def format_value(value):
-    """A setting as text that parse_args reads back as the same value."""
-    return 'auto' if value is None else value if isinstance(value, str) else repr(value)
-
-
 def to_argv(settings):
-    """Settings as --key=value arguments: the one way a settings dict becomes a command line."""
-    return [f'--{k}={format_value(v)}' for k, v in settings.items()]
+    """Settings as --key=value arguments that parse_args reads back as the same values: the one way a settings dict
+    becomes a command line."""
+    return [f"--{k}={'auto' if v is None else v if isinstance(v, str) else repr(v)}" for k, v in settings.items()]
 
 
 def split_list(text):
@@ -364,18 +345,14 @@ def split_list(text):
 def run_cli(main, argv=None):
     """Run main(argv); a UserError becomes 'error: message' on stderr with exit status 2 (no traceback), a RunStopped
     'stopped: message' with status 3, and Ctrl-C 'interrupted.' with status 130."""
-    argv = sys.argv[1:] if argv is None else argv
     try:
-        main(argv)
+        return main(sys.argv[1:] if argv is None else argv)
     except UserError as e:
-        _exit(f"error: {e}", 2)
+        message, status = f"error: {e}", 2
     except RunStopped as e:
-        _exit(f"stopped: {e}", 3)
+        message, status = f"stopped: {e}", 3
     except KeyboardInterrupt:
-        _exit('interrupted.', 130)
-
-
-def _exit(message, status):
+        message, status = 'interrupted.', 130
     sys.stdout.flush()
-    print(' '.join(str(message).split()), file=sys.stderr)  # one line, whatever the message held
+    print(' '.join(message.split()), file=sys.stderr)  # one line, whatever the message held
     sys.exit(status)
