@@ -13,14 +13,10 @@ DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch
 PEAK_FLOPS = [('H100', 989e12), ('H200', 989e12), ('A100', 312e12)]  # bf16 dense, per GPU
 
 
-def mps_available():
-    return getattr(torch.backends, 'mps', None) is not None and torch.backends.mps.is_available()
-
-
 def resolve_device(name):
     """'auto' picks cuda, then mps, then cpu; an explicit choice must exist on this machine."""
     if name == 'auto':
-        return 'cuda' if torch.cuda.is_available() else 'mps' if mps_available() else 'cpu'
+        return 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
     kind, colon, index = name.partition(':')
     if kind not in ('cpu', 'cuda', 'mps') or (colon and not (kind == 'cuda' and index.isdigit())):
         raise UserError(f"--device expects auto, cpu, cuda, cuda:N or mps, got '{name}'.")
@@ -28,7 +24,7 @@ def resolve_device(name):
         raise UserError("--device=cuda but no CUDA GPU is available here; use --device=cpu (or auto).")
     if index and int(index) >= (n := torch.cuda.device_count()):
         raise UserError(f"--device={name} but this machine has {n} CUDA GPU(s), cuda:0 to cuda:{n - 1}; choose one.")
-    if kind == 'mps' and not mps_available():
+    if kind == 'mps' and not torch.backends.mps.is_available():
         raise UserError("--device=mps but MPS is not available here; use --device=cpu (or auto).")
     return name
 
@@ -53,10 +49,8 @@ def peak_flops(device_type, override):
     """The peak FLOP/s MFU is measured against: --peak_flops, else the GPU's bf16 peak by name, else None."""
     if override > 0:
         return override
-    if device_type == 'cuda':
-        name = torch.cuda.get_device_name()
-        return next((flops for key, flops in PEAK_FLOPS if key in name), None)
-    return None
+    name = torch.cuda.get_device_name() if device_type == 'cuda' else ''
+    return next((flops for key, flops in PEAK_FLOPS if key in name), None)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -72,10 +66,8 @@ def compile_default(device_type):
 def compile_cache_dir():
     """Where torch.compile keeps what it built, so that every later run tracing the same graph loads it instead of
     compiling it: $TORCHINDUCTOR_CACHE_DIR, else ~/.cache/nanoffn/torchinductor. Deleting it is safe."""
-    if os.environ.get('TORCHINDUCTOR_CACHE_DIR'):
-        return os.environ['TORCHINDUCTOR_CACHE_DIR']
     base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-    return os.path.join(base, 'nanoffn', 'torchinductor')
+    return os.environ.get('TORCHINDUCTOR_CACHE_DIR') or os.path.join(base, 'nanoffn', 'torchinductor')
 
 
 def compile_model(model, mode):

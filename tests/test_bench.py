@@ -73,8 +73,7 @@ def test_user_mistakes_are_one_sentence_errors():
 
 
 def test_auto_device_never_picks_mps_which_bench_does_not_measure(monkeypatch):
-    import device
-    monkeypatch.setattr(device, "mps_available", lambda: True)  # as on an Apple machine without CUDA
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)  # as on an Apple machine without CUDA
     cfg, _ = bench.parse_args(bench.DEFAULTS, TINY + ["--device=auto"])
     assert bench.resolve(cfg)[2] == "cpu"
     with pytest.raises(UserError, match="does not measure MPS"):
