@@ -1,8 +1,6 @@
 # A scaling ladder on a 2-core CPU: gelu, swiglu, polynorm and moa x 2 seeds at 4 sizes of the bundled Shakespeare
-# characters (3k to 99k non-embedding parameters), each trained on 10 tokens per non-embedding parameter, every
-# variant at its own best learning rate per size (3 rates, widened where the best is at an edge). 4 sizes: the power
-# law and the effective compute multiplier are fitted. Writes out-ladder-shakespeare-char/ladder.png, summary.md, summary.json
-# and each size's own comparison in its folder. Run time: BENCHMARKS.md.
+# characters, each trained on 10 tokens per non-embedding parameter, every variant at its own best learning rate per
+# size; 4 sizes fit the power law and the effective compute multiplier. Sizes, run time and results: BENCHMARKS.md.
 #   python compare.py config/compare_ladder_shakespeare_char.py
 # Standalone on purpose (no exec of compare_shakespeare_char.py): a run is identified by its settings, so an edit to
 # the default comparison must not change, and so retrain, every run of this ladder.
@@ -15,7 +13,7 @@ sizes = '1x16,1x32,2x32,2x64'  # n_layer x n_embd; n_head for a head size neares
 tokens_per_param = 10.0  # iterations = 10 x N / 1,024 tokens per iteration: 31, 121, 242 and 964
 lr_rule = 'fixed'
 lr_grid = 1  # the rates learning_rate x 1/2, 1, 2 at every size
-lr_extend = True
+lr_extend = True  # a best rate at an edge tries the next one beyond it
 jobs = 0  # one run per core: threads / cores
 threads = 1
 

@@ -1,9 +1,7 @@
 # The default comparison (`python compare.py` runs this file): 8 FFN variants x 5 learning rates x 3 seeds on the
-# bundled Shakespeare characters, each variant compared at its own best rate. Writes out-compare-shakespeare-char/
-# loss.png, lr.png, acts.png, summary.md and summary.json. Every run trains on the same batches per seed for 300 x 16
-# x 64 = 307k tokens (~7% of an epoch) and is scored on the same 256 validation windows (16 batches of 16 x 64
-# characters; 8 batches choose the rate, the other 8 report). 2 layers, d=64, ~107k parameters (61% of them FFN), one
-# single-threaded run per core. Run time and seed noise: BENCHMARKS.md.
+# bundled Shakespeare characters, each variant at its own best rate. Every run trains on the same batches per seed and
+# is scored on the same validation windows (8 of the 16 batches choose the rate, the other 8 report). The model and its
+# budget: README.md; run time and seed noise: BENCHMARKS.md.
 
 out_dir = 'out-compare-shakespeare-char'
 variants = 'gelu,relu2,swiglu,polyrelu,polynorm,la,moa,moa_glu'
