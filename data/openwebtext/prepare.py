@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from configurator import UserError, parse_args, run_cli
-from data.shards import SHARD_TOKENS, STAGING, check_out_dir, read_header, write_shard
+from data.shards import SHARD_TOKENS, STAGING, check_out_dir, shard_info, write_shard
 from data.tokenizer import EOT, GPT2Tokenizer
 from rundir import read_json, write_json
 
@@ -186,7 +186,7 @@ def is_done(out_dir, subset, shard_tokens=SHARD_TOKENS, val_fraction=VAL_FRACTIO
     info = read_json(os.path.join(out_dir, f"done_s{subset:02d}.json"))
     try:
         for name in info["train_shards"] + info["val_shards"]:
-            read_header(os.path.join(out_dir, name))
+            shard_info(os.path.join(out_dir, name))
     except (TypeError, KeyError, UserError):  # TypeError: no record, or a damaged one
         return False
     settings = (info.get("revision"), info.get("shard_tokens"), info.get("val_fraction"))
