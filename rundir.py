@@ -178,9 +178,9 @@ def parse_record(line):
         r = json.loads(line)
     except ValueError:
         return None
-    valid = (isinstance(r, dict) and isinstance(r.get('iter'), int) and not isinstance(r['iter'], bool) and r['iter'] >= 0
+    valid = (isinstance(r, dict) and 'iter' in r  # FIELDS says it is an int
              and all(isinstance(r[k], t) and not isinstance(r[k], bool) for k, t in FIELDS.items() if k in r)
-             and isinstance(r.get('act', {}).get('layers', []), list)
+             and r['iter'] >= 0 and isinstance(r.get('act', {}).get('layers', []), list)
              and all(math.isfinite(v) for v in r.values() if isinstance(v, float)))
     return r if valid else None
 
