@@ -86,13 +86,9 @@ def plan(cfg):
     for v in variants:
         check({**cfg, 'ffn': v, 'seed': seeds[-1]})  # the mistakes train.py would report, before anything runs
         rates = list(sweep or [None])  # None: no sweep, the shared learning_rate
-        while True:  # --lr_extend: once these rates are done, one more beyond the edge where the best one is
-            of_v = [make_run(cfg, v, s, lr) for lr in rates for s in seeds]
-            beyond = next_rate(of_v, rates, sweep) if sweep and cfg['lr_extend'] else None
-            if beyond is None:
-                break
+        while sweep and cfg['lr_extend'] and (beyond := next_rate(cfg, v, seeds, rates, sweep)) is not None:
             rates.append(beyond)
-        runs += of_v
+        runs += [make_run(cfg, v, s, lr) for lr in rates for s in seeds]
     return variants, seeds, baseline, runs
 
 
@@ -119,12 +115,13 @@ def learning_rates(cfg):
     return rates
 
 
-def next_rate(runs, rates, grid):
-    """With a variant's runs done: the rate a grid step past its best one if that is at an edge (MAX_EXTEND times)."""
+def next_rate(cfg, variant, seeds, rates, grid):
+    """With a variant's runs at these rates done: the rate a grid step past its best one if that is at an edge."""
+    runs = [make_run(cfg, variant, s, lr) for lr in rates for s in seeds]
     states = {r['dir']: run_state(r) for r in runs}
     if any(s not in FINISHED for s in states.values()):
         return None
-    edge = report.choose_rates(runs, states)[runs[0]['variant']]['edge']
+    edge = report.choose_rates(runs, states)[variant]['edge']
     if edge == 'low' and sum(r < grid[0] for r in rates) < MAX_EXTEND:
         return min(rates) / (grid[1] / grid[0] if len(grid) > 1 else 2.0)
     if edge == 'high' and sum(r > grid[-1] for r in rates) < MAX_EXTEND:
