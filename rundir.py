@@ -102,10 +102,8 @@ def ctrl_c_held():
 
 
 def save_checkpoint(ckpt, out_dir):
-    path = os.path.join(out_dir, 'ckpt.pt')
     with ctrl_c_held():
-        write_file(path, lambda f: _torch_save(ckpt, f), binary=True)
-    return path
+        write_file(os.path.join(out_dir, 'ckpt.pt'), lambda f: _torch_save(ckpt, f), binary=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
