@@ -113,10 +113,9 @@ class Bench:
     def __init__(self, variant, compiled, cfg, device, dtype, dense_twin=False):
         # a dense twin: the dense model with the MoE's active FFN weights (expert width = dense width / top_k)
         model_args = {k: cfg[k] for k in MODEL_DEFAULTS} | ({"n_expert": 0} if dense_twin else {})
-        self.moe = model_args["n_expert"] > 0
+        self.variant, self.device, self.moe = variant, device, model_args["n_expert"] > 0
         torch.manual_seed(cfg["seed"])
         self.model = GPT(model_config({**model_args, "ffn": variant})).to(device).train()
-        self.variant, self.device = variant, device
         device_type = device.split(":")[0]
         self.opt = self.model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type) if cfg["optimizer"] else None
         # compile_model's dynamic=False: gated variants are narrower, and symbolic sizes would make slower kernels

@@ -38,6 +38,7 @@ RANGE = (0.5, 99.5)  # percentiles of h that set the drawn range
 BAND = (10, 50, 90)  # percentiles over tokens: band low, median, band high
 BRANCH_LABELS = {'act': 'φ', 'act_up': 'φ_up (up branch)'}
 
+
 def branch_rows(ffn, x):
     """({'act': h or g, 'act_up': u}, the FFN input of each row, tokens per expert or None) for one layer."""
     x = x.reshape(-1, x.shape[-1])
