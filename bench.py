@@ -30,7 +30,7 @@ import device as hw
 from activations import VARIANTS, baseline_of
 from configurator import UserError, check, check_variants, model_config, parse_args, run_cli
 from model import GPT
-from rundir import write_json
+from rundir import check_writable, write_json
 
 BENCH_DEFAULTS = dict(
     variants="all",  # comma-separated FFN variants, or 'all'; gelu / swiglu are added as baselines
@@ -71,8 +71,9 @@ def saved_bytes_for_backward(fn, *args):
     return sum(storages.values()), out
 
 
-def resolve(cfg):
-    """Check the settings; return (variants and their baselines in registry order, compile modes, device, dtype)."""
+def setup(cfg):
+    """Check the settings and make the process-wide ones every measurement runs under; return (variants and their
+    baselines in registry order, compile modes, device, dtype)."""
     asked = list(VARIANTS) if cfg["variants"] == "all" else check_variants(cfg["variants"])
     wanted = set(asked) | {baseline_of(v) for v in asked}
     variants = [v for v in VARIANTS if v in wanted]
@@ -96,12 +97,6 @@ def resolve(cfg):
     shared = {**configurator.DEFAULTS, **{k: cfg[k] for k in (*MODEL_DEFAULTS, "batch_size", "compile_mode")}}
     for v in variants:
         check({**shared, "ffn": v})
-    return variants, modes, device, dtype
-
-
-def setup(cfg):
-    """resolve(cfg), then the process-wide settings every measurement runs under."""
-    variants, modes, device, dtype = resolve(cfg)
     if cfg["threads"] > 0:  # before compiling: Inductor's C++ kernels take their OpenMP thread count then
         torch.set_num_threads(cfg["threads"])
     if device.startswith("cuda"):
@@ -118,10 +113,9 @@ class Bench:
     def __init__(self, variant, compiled, cfg, device, dtype, dense_twin=False):
         # a dense twin: the dense model with the MoE's active FFN weights (expert width = dense width / top_k)
         model_args = {k: cfg[k] for k in MODEL_DEFAULTS} | ({"n_expert": 0} if dense_twin else {})
-        self.moe = model_args["n_expert"] > 0
+        self.variant, self.device, self.moe = variant, device, model_args["n_expert"] > 0
         torch.manual_seed(cfg["seed"])
         self.model = GPT(model_config({**model_args, "ffn": variant})).to(device).train()
-        self.variant, self.device = variant, device
         device_type = device.split(":")[0]
         self.opt = self.model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type) if cfg["optimizer"] else None
         # compile_model's dynamic=False: gated variants are narrower, and symbolic sizes would make slower kernels
@@ -171,7 +165,7 @@ def make_batch(cfg, device):
     return [torch.randint(0, cfg["vocab_size"], shape, generator=g).to(device) for _ in range(2)]  # x, y
 
 
-def run_mode(variants, compiled, cfg, device, dtype, log=print):
+def run_mode(variants, compiled, cfg, device, dtype):
     """Measure every variant in one mode (eager or compiled): one result dict per variant."""
     if device.startswith("cuda"):
         torch.cuda.empty_cache()  # the previous mode's models are gone: hand back their memory
@@ -183,7 +177,8 @@ def run_mode(variants, compiled, cfg, device, dtype, log=print):
     for b in benches:
         t0 = time.perf_counter()
         b.warm_up(x, y, cfg["warmup"])
-        log(f"{mode:8s} {b.variant:13s}{' MoE' if b.moe else ''} ready in {time.perf_counter() - t0:.1f}s")
+        print(f"{mode:8s} {b.variant:13s}{' MoE' if b.moe else ''} ready in {time.perf_counter() - t0:.1f}s",
+              file=sys.stderr)
     # round-robin: round r starts at variant r mod n, so no variant always runs right after the same neighbour
     for r in range(cfg["repeats"]):
         k = r % len(benches)
@@ -222,23 +217,23 @@ def add_ratios(results):
 def markdown_table(results):
     cuda = any(r["cuda_step_peak_bytes"] is not None for r in results)
     moe = any(r["moe"] for r in results)
-    head = ["variant", "compiled", "params", "FFN", "extras", "MFLOP/tok", "step ms (median)", "IQR ms", "tok/s",
-            "saved KiB/tok", "vs", "× time", "× saved"] + (["peak MiB", "× peak"] if cuda else [])
-    head += ["MoE/dense × time"] if moe else []
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for r in results:
         p, t, q = r["params"], r["step_time_s"], r["ratios"]
-        row = [r["variant"], "yes" if r["compile"] else "no", f"{p['total'] / 1e6:.3f}M", f"{p['ffn'] / 1e6:.3f}M",
-               f"{p['extras']:,}", f"{r['flops_per_token'] / 1e6:.1f}", f"{t['median'] * 1e3:.1f}",
-               f"{t['iqr'] * 1e3:.1f}", f"{r['tokens_per_s']:,.0f}", f"{r['saved_bytes_per_token'] / 1024:.1f}",
-               r["baseline"], f"{q['step_time']:.3f}", f"{q['saved_bytes']:.3f}"]
+        row = {"variant": r["variant"] + ((" (MoE)" if r["moe"] else " (dense)") if moe else ""),
+               "compiled": "yes" if r["compile"] else "no", "params": f"{p['total'] / 1e6:.3f}M",
+               "FFN": f"{p['ffn'] / 1e6:.3f}M", "extras": f"{p['extras']:,}",
+               "MFLOP/tok": f"{r['flops_per_token'] / 1e6:.1f}", "step ms (median)": f"{t['median'] * 1e3:.1f}",
+               "IQR ms": f"{t['iqr'] * 1e3:.1f}", "tok/s": f"{r['tokens_per_s']:,.0f}",
+               "saved KiB/tok": f"{r['saved_bytes_per_token'] / 1024:.1f}", "vs": r["baseline"],
+               "× time": f"{q['step_time']:.3f}", "× saved": f"{q['saved_bytes']:.3f}"}
         if cuda:
-            row += [f"{r['cuda_step_peak_bytes'] / 2**20:.0f}", f"{q['cuda_step_peak']:.3f}"]
+            row |= {"peak MiB": f"{r['cuda_step_peak_bytes'] / 2**20:.0f}", "× peak": f"{q['cuda_step_peak']:.3f}"}
         if moe:
-            row[0] += " (MoE)" if r["moe"] else " (dense)"
-            row += [f"{q['moe_vs_dense_step_time']:.3f}" if "moe_vs_dense_step_time" in q else ""]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+            row["MoE/dense × time"] = f"{q['moe_vs_dense_step_time']:.3f}" if r["moe"] else ""
+        rows.append(row)
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    return "\n".join(lines + ["| " + " | ".join(row.values()) + " |" for row in rows])
 
 
 def machine(device):
@@ -253,23 +248,23 @@ def machine(device):
                 torch=torch.__version__, python=platform.python_version(), platform=platform.platform())
 
 
-def benchmark(cfg, log=print):
-    """The benchmark of a parsed config: the JSON-able report."""
+def benchmark(cfg, argv):
+    """The benchmark of a parsed config (from the command line argv): the JSON-able report."""
     variants, modes, device, dtype = setup(cfg)
     load_before = os.getloadavg()
     t0 = time.time()
-    results = [r for compiled in modes for r in run_mode(variants, compiled, cfg, device, dtype, log)]
+    results = [r for compiled in modes for r in run_mode(variants, compiled, cfg, device, dtype)]
     add_ratios(results)
     return dict(
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        command="python bench.py " + " ".join(cfg.get("_argv", [])), machine=machine(device),
+        command="python bench.py " + " ".join(argv), machine=machine(device),
         load_average=dict(start=load_before, end=os.getloadavg()),  # other processes on the machine add noise
         wall_s=time.time() - t0, settings={k: cfg[k] for k in BENCH_DEFAULTS} | dict(device=device, dtype=dtype),
         model={k: cfg[k] for k in MODEL_DEFAULTS}, tokens_per_step=cfg["batch_size"] * cfg["block_size"],
         results=results)
 
 
-def profile(cfg, log=print):
+def profile(cfg):
     """What one variant's step spends its time on, next to its baseline's: torch.profiler's top ops by self CPU time
     (and self CUDA time on a GPU), in each compile mode asked for. Returns {(variant, compiled): key_averages}."""
     _, modes, device, dtype = setup(cfg)
@@ -290,20 +285,21 @@ def profile(cfg, log=print):
                 b.sync()
             avg = averages[(v, compiled)] = prof.key_averages()
             total = sum(e.self_cpu_time_total for e in avg) / cfg["profile_steps"] / 1e3
-            log(f"\n### {v} ({'compiled' if compiled else 'eager'}): self CPU time {total:.1f} ms per step "
-                f"(mean of {cfg['profile_steps']} profiled steps)")
+            print(f"\n### {v} ({'compiled' if compiled else 'eager'}): self CPU time {total:.1f} ms per step "
+                  f"(mean of {cfg['profile_steps']} profiled steps)")
             for key in ["self_cpu_time_total"] + (["self_cuda_time_total"] if cuda else []):
-                log(avg.table(sort_by=key, row_limit=cfg["profile_rows"], max_name_column_width=60))
+                print(avg.table(sort_by=key, row_limit=cfg["profile_rows"], max_name_column_width=60))
     return averages
 
 
 def main(argv):
     cfg, _ = parse_args(DEFAULTS, argv, prog="bench.py", doc=__doc__.split("\n\n")[1])
-    cfg["_argv"] = list(argv)
     if cfg["profile"]:
         profile(cfg)
         return
-    report = benchmark(cfg, log=lambda s: print(s, file=sys.stderr))
+    if cfg["json"]:  # the report goes there: say so before the work, not after
+        check_writable(os.path.dirname(cfg["json"]) or ".", create=True)
+    report = benchmark(cfg, argv)
     m = report["machine"]
     print(f"\n{m['device_name']} ({m['device']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads), "
           f"torch {m['torch']}, {report['settings']['dtype']}, batch {cfg['batch_size']}×{cfg['block_size']} tokens, "
@@ -311,7 +307,6 @@ def main(argv):
           f"{report['load_average']['start'][0]:.2f} → {report['load_average']['end'][0]:.2f}\n")
     print(markdown_table(report["results"]))
     if cfg["json"]:
-        os.makedirs(os.path.dirname(cfg["json"]) or ".", exist_ok=True)
         write_json(cfg["json"], report)
         print(f"\nwrote {cfg['json']}", file=sys.stderr)
 

@@ -86,13 +86,9 @@ def plan(cfg):
     for v in variants:
         check({**cfg, 'ffn': v, 'seed': seeds[-1]})  # the mistakes train.py would report, before anything runs
         rates = list(sweep or [None])  # None: no sweep, the shared learning_rate
-        while True:  # --lr_extend: once these rates are done, one more beyond the edge where the best one is
-            of_v = [make_run(cfg, v, s, lr) for lr in rates for s in seeds]
-            beyond = next_rate(of_v, rates, sweep) if sweep and cfg['lr_extend'] else None
-            if beyond is None:
-                break
+        while sweep and cfg['lr_extend'] and (beyond := next_rate(cfg, v, seeds, rates, sweep)) is not None:
             rates.append(beyond)
-        runs += of_v
+        runs += [make_run(cfg, v, s, lr) for lr in rates for s in seeds]
     return variants, seeds, baseline, runs
 
 
@@ -119,12 +115,13 @@ def learning_rates(cfg):
     return rates
 
 
-def next_rate(runs, rates, grid):
-    """With a variant's runs done: the rate a grid step past its best one if that is at an edge (MAX_EXTEND times)."""
+def next_rate(cfg, variant, seeds, rates, grid):
+    """With a variant's runs at these rates done: the rate a grid step past its best one if that is at an edge."""
+    runs = [make_run(cfg, variant, s, lr) for lr in rates for s in seeds]
     states = {r['dir']: run_state(r) for r in runs}
     if any(s not in FINISHED for s in states.values()):
         return None
-    edge = report.choose_rates(runs, states)[runs[0]['variant']]['edge']
+    edge = report.choose_rates(runs, states)[variant]['edge']
     if edge == 'low' and sum(r < grid[0] for r in rates) < MAX_EXTEND:
         return min(rates) / (grid[1] / grid[0] if len(grid) > 1 else 2.0)
     if edge == 'high' and sum(r > grid[-1] for r in rates) < MAX_EXTEND:
@@ -247,9 +244,9 @@ def last_error_line(path):
     return next((l for l in reversed(lines) if l.startswith(('error:', 'stopped:'))), lines[-1] if lines else '')
 
 
-def train_all(todo, slots, threads, statuses, pbar):
-    """Train the (run, mode) pairs of todo, one per slot (its GPUs: cluster.placement) at a time, filling statuses. A
-    run whose directory another process holds (a second compare.py) is left to it, then reused or resumed."""
+def train_all(todo, slots, threads, pbar):
+    """Train the (run, mode) pairs of todo, one per slot (its GPUs: cluster.placement) at a time. A run whose
+    directory another process holds (a second compare.py) is left to it, then reused or resumed."""
     pending, active, waiting, free = list(todo), [], set(), list(range(len(slots)))
     try:
         while pending or active:
@@ -266,7 +263,6 @@ def train_all(todo, slots, threads, statuses, pbar):
                 state = run_state(run)  # another process may have trained it meanwhile
                 if state in FINISHED:
                     lock.close()
-                    statuses[run['dir']] = state
                     pbar.write(f"{run['name']}: reused ({state} by another process)", file=sys.stderr)
                     pbar.update(1)
                     continue
@@ -278,7 +274,6 @@ def train_all(todo, slots, threads, statuses, pbar):
                 active.remove(job)
                 free = sorted(free + [job.slot])
                 pbar.write(job.finish(), file=sys.stderr)
-                statuses[job.run['dir']] = job.record['status']
                 pbar.update(1)
             pbar.set_description(', '.join(j.name for j in active) or 'runs')
             pbar.set_postfix_str('iter ' + ', '.join(j.progress() for j in active) if active else '')
@@ -290,24 +285,25 @@ def train_all(todo, slots, threads, statuses, pbar):
 
 def run_comparison(cfg):
     """One comparison: plan, reuse, resume or train the runs, write the report; returns its summary (or None)."""
-    t0, statuses = time.time(), None
+    t0, first = time.time(), True
     while True:  # planned again after training: with --lr_extend, a finished sweep may want a rate beyond an edge
         variants, seeds, baseline, runs = plan(cfg)
         check_dataset(cfg)
         states, todo = todo_of(cfg, runs)
         if cfg['plan']:
             return cluster.print_plan(todo, len(runs), cfg['threads'])
-        if todo or statuses is None:  # the first round also says what it reuses
-            statuses = train_runs(cfg, variants, seeds, runs, states, todo)
-        if not todo:
+        if todo or first:  # the first round also says what it reuses
+            train_runs(cfg, variants, seeds, runs, states, todo)
+        if not todo:  # every run is finished: the states are their results
             break
-    summary = write_report(cfg, variants, seeds, baseline, runs, statuses)
+        first = False
+    summary = write_report(cfg, variants, seeds, baseline, runs, states)
     print(f"wrote {cfg['out_dir']}/summary.md, loss.png, acts.png ({time.time() - t0:.0f} s)", file=sys.stderr)
     return summary
 
 
 def train_runs(cfg, variants, seeds, runs, states, todo):
-    """Reuse the finished runs and train the others, N at a time; returns every run's status."""
+    """Reuse the finished runs and train the others, N at a time."""
     gpus, jobs = cluster.resolve_jobs(cfg) if todo else ([], cfg['jobs'])
     check_writable(cfg['out_dir'], create=True)
     rates = len({r['lr'] for r in runs})
@@ -315,22 +311,20 @@ def train_runs(cfg, variants, seeds, runs, states, todo):
           + f" = {len(runs)} runs into {cfg['out_dir']} ({len(runs) - len(todo)} to reuse, {len(todo)} to train"
           + (f", {jobs} at a time on GPUs {','.join(gpus)}" if gpus else '') + ')', file=sys.stderr)
     pbar = progress_bar(len(runs), 'runs', unit='run')
-    statuses = {r['dir']: states[r['dir']] for r in runs if states[r['dir']] in FINISHED}
     for run in runs:
-        if run['dir'] in statuses:
-            how = 'finished' if statuses[run['dir']] == 'done' else 'stopped: see its train.out'
+        if states[run['dir']] in FINISHED:
+            how = 'finished' if states[run['dir']] == 'done' else 'stopped: see its train.out'
             pbar.write(f"{run['name']}: reused ({how})", file=sys.stderr)
             pbar.update(1)
-    train_all(todo, cluster.placement(jobs, gpus, cfg['nproc_per_run']), cfg['threads'], statuses, pbar)
+    train_all(todo, cluster.placement(jobs, gpus, cfg['nproc_per_run']), cfg['threads'], pbar)
     pbar.close()
-    return statuses
 
 
-def write_report(cfg, variants, seeds, baseline, runs, statuses):
+def write_report(cfg, variants, seeds, baseline, runs, states):
     """summary.json, summary.md, loss.png and acts.png into out_dir; the table (the results) on stdout."""
     sweep = any(r['lr'] is not None for r in runs)
     summarize = report.summarize_sweep if sweep else report.summarize
-    summary, by_variant = summarize(cfg, variants, seeds, baseline, runs, statuses)
+    summary, by_variant = summarize(cfg, variants, seeds, baseline, runs, states)
     if sweep:
         plots.lr(os.path.join(cfg['out_dir'], 'lr.png'), summary)
     if summary['damaged_lines']:

@@ -38,6 +38,7 @@ RANGE = (0.5, 99.5)  # percentiles of h that set the drawn range
 BAND = (10, 50, 90)  # percentiles over tokens: band low, median, band high
 BRANCH_LABELS = {'act': 'φ', 'act_up': 'φ_up (up branch)'}
 
+
 def branch_rows(ffn, x):
     """({'act': h or g, 'act_up': u}, the FFN input of each row, tokens per expert or None) for one layer."""
     x = x.reshape(-1, x.shape[-1])
@@ -135,12 +136,10 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu'):
     layers = []
     for block, x in zip(model.transformer.h, model.ffn_inputs(idx)):
         rows, x_rows, usage = branch_rows(block.ffn, x)
-        layer = {'moe': usage is not None, 'branches': {}, 'gates': {}}
-        for (name, h), init_act in zip(rows.items(), init_acts):  # (act, act_up): act_up only for glu
-            act = getattr(block.ffn, name)
-            layer['branches'][name] = branch_report(act, init_act, h, x_rows, bins)
-            if isinstance(act, MoA):
-                layer['gates'][name] = gate_report(act, x_rows)
+        acts = {name: getattr(block.ffn, name) for name in rows}  # act, and act_up for a GLU
+        branches = {n: branch_report(acts[n], init, rows[n], x_rows, bins) for n, init in zip(rows, init_acts)}
+        gates = {n: gate_report(a, x_rows) for n, a in acts.items() if isinstance(a, MoA)}
+        layer = {'moe': usage is not None, 'branches': branches, 'gates': gates}
         if usage is not None:
             layer['expert_tokens'] = usage
         layers.append(layer)
@@ -155,10 +154,11 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu'):
 # the pictures
 
 
-def figure(nrows, ncols, width, row_height, **kw):
-    """A figure (made off pyplot: nothing to close) of nrows x ncols axes, laid out to leave room for the titles."""
+def figure(nrows, ncols, width, row_height, title, **kw):
+    """A figure (made off pyplot: nothing to close) of nrows x ncols axes under the title, wrapped to its width."""
     from matplotlib.figure import Figure
     fig = Figure(figsize=(width, row_height * nrows + 0.6), dpi=100, layout='constrained')
+    fig.suptitle(textwrap.fill(title, int(width * 14)), fontsize=10)
     return fig, fig.subplots(nrows, ncols, squeeze=False, **kw)
 
 
@@ -176,18 +176,6 @@ def draw_function(ax, branch, color='C0', label='learned', hist=True):
     if branch['band']:
         ax.fill_between(grid, *branch['band'], color=color, alpha=0.25, linewidth=0)
     ax.grid(alpha=0.3)
-
-
-def panels(report):
-    """The columns of a run's figure: its functions, each part's log over training, MoA's gates, an MoE's experts."""
-    layers, hist = report['layers'], report['history']['layers']
-    cols = list(layers[0]['branches'])
-    cols += [f'history {part}' for part in dict.fromkeys(p for h in hist for p in h)]
-    if any(l['gates'] for l in layers):
-        cols += ['gates', 'entropy']
-    if any('expert_tokens' in l for l in layers):
-        cols.append('experts')
-    return cols
 
 
 def draw_gates(ax, gates, entropy):
@@ -220,13 +208,22 @@ def draw_series(ax, series, iters):
 
 
 def write(out_dir, report):
-    """A run's acts.json, and acts.png: one row per layer, the columns of `panels`."""
+    """A run's acts.json, and acts.png: one row per layer; its columns the functions, what each part logged over
+    training, MoA's gates and their entropy, an MoE's tokens per expert."""
     write_json(os.path.join(out_dir, 'acts.json'), report)
-    cols = panels(report)
-    fig, axes = figure(report['n_layer'], len(cols), 4.3 * len(cols), 3.0)
+    layers, hist = report['layers'], report['history']
+    cols = list(layers[0]['branches'])
+    cols += [f'history {part}' for part in dict.fromkeys(p for logged in hist['layers'] for p in logged)]
+    if any(l['gates'] for l in layers):
+        cols += ['gates', 'entropy']
+    if any('expert_tokens' in l for l in layers):
+        cols.append('experts')
+    title = (f"{report['ffn']} at iteration {report['iter']} ({report['run']}): learned φ solid, init dashed, "
+             f"histogram of h on the first validation batch ({report['batch']['tokens']:,} tokens) behind")
+    fig, axes = figure(len(layers), len(cols), 4.3 * len(cols), 3.0, title)
     titles = {'gates': 'MoA c_k(x) over tokens', 'entropy': 'MoA mixture entropy per token',
               'experts': 'validation tokens per expert'}
-    for i, (layer, hist) in enumerate(zip(report['layers'], report['history']['layers'])):
+    for i, (layer, logged) in enumerate(zip(layers, hist['layers'])):
         for ax, col in zip(axes[i], cols):
             part = col.removeprefix('history ')
             if col in layer['branches']:
@@ -238,8 +235,8 @@ def write(out_dir, report):
                 ax.set_xlabel('h (pre-activation)')
                 continue
             ax.set_title(f'layer {i}: ' + titles.get(col, f'{part} over training'), fontsize=9)
-            if col != part and hist.get(part):
-                draw_series(ax, hist[part], report['history']['iters'])
+            if col != part and logged.get(part):
+                draw_series(ax, logged[part], hist['iters'])
             elif col in ('gates', 'entropy') and layer['gates']:
                 draw_gates(ax, layer['gates'], col == 'entropy')
             elif col == 'experts' and 'expert_tokens' in layer:
@@ -247,9 +244,6 @@ def write(out_dir, report):
                 ax.set(xlabel='expert', ylabel='tokens')
             else:
                 ax.set_axis_off()
-    title = (f"{report['ffn']} at iteration {report['iter']} ({report['run']}): learned φ solid, init dashed, "
-             f"histogram of h on the first validation batch ({report['batch']['tokens']:,} tokens) behind")
-    fig.suptitle(textwrap.fill(title, int(4.3 * len(cols) * 14)), fontsize=10)
     save_figure(fig, os.path.join(out_dir, 'acts.png'))
 
 
@@ -277,7 +271,11 @@ def draw_comparison(path, reports):
     """One row per variant, one column per layer: φ (for a GLU the gate's, and the up branch's where learned)."""
     n_layer = max(r['n_layer'] for r in reports.values())
     width = max(4.5 * n_layer, 8)
-    fig, axes = figure(len(reports), n_layer, width, 2.6, sharex='col')  # y not shared: PolyNorm's powers normalised
+    title = ("learned φ at each run's checkpoint (solid; median and 10-90% band over tokens where it depends on the "
+             "token), init dashed, histogram of h on the first validation batch behind; the first seed of each "
+             "variant; moved: distance from init over the histogram's mass")
+    # y not shared: PolyNorm's powers normalised
+    fig, axes = figure(len(reports), n_layer, width, 2.6, title, sharex='col')
     for row, (v, r) in zip(axes, reports.items()):
         for i, ax in enumerate(row):
             if i >= r['n_layer']:
@@ -294,10 +292,6 @@ def draw_comparison(path, reports):
         row[0].set_ylabel(f"{v}, iteration {r['iter']}")  # each run's checkpoint: its last or its best evaluation
     for ax in axes[-1]:
         ax.set_xlabel('h (pre-activation)')
-    title = ("learned φ at each run's checkpoint (solid; median and 10-90% band over tokens where it depends on the "
-             "token), init dashed, histogram of h on the first validation batch behind; the first seed of each "
-             "variant; moved: distance from init over the histogram's mass")
-    fig.suptitle(textwrap.fill(title, int(width * 14)), fontsize=10)
     save_figure(fig, path)
 
 

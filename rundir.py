@@ -14,7 +14,8 @@ import os
 import signal
 import socket
 import sys
-from contextlib import contextmanager
+import tempfile
+from contextlib import contextmanager, suppress
 
 import torch
 
@@ -47,10 +48,8 @@ def write_file(path, write, binary=False):
     except OSError as e:
         raise write_failed(path, e) from None
     finally:
-        try:
+        with suppress(OSError):
             os.remove(tmp)
-        except OSError:
-            pass
 
 
 def check_writable(folder, create=False):
@@ -61,11 +60,8 @@ def check_writable(folder, create=False):
             os.makedirs(folder, exist_ok=True)
         except OSError as e:
             raise UserError(f"cannot create the folder {folder} ({e.strerror or e}); choose one you can write to.") from None
-    probe = os.path.join(folder, f'.write-test{os.getpid()}')
     try:
-        with open(probe, 'w'):
-            pass
-        os.remove(probe)
+        tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
         reason = 'no such folder' if isinstance(e, FileNotFoundError) else e.strerror or str(e)
         raise UserError(f"cannot write in {folder} ({reason}); choose a folder you can write to.") from None
@@ -106,10 +102,8 @@ def ctrl_c_held():
 
 
 def save_checkpoint(ckpt, out_dir):
-    path = os.path.join(out_dir, 'ckpt.pt')
     with ctrl_c_held():
-        write_file(path, lambda f: _torch_save(ckpt, f), binary=True)
-    return path
+        write_file(os.path.join(out_dir, 'ckpt.pt'), lambda f: _torch_save(ckpt, f), binary=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -176,11 +170,17 @@ FIELDS = {'iter': int, 'tokens': int, 'lr': _NUMBER, 'loss': _NUMBER, 'val_loss'
           'tok_s': _NUMBER, 'batch_hash': str, 'val_hash': str, 'act': dict, 'val_halves': list}
 
 
-def valid_record(r):
-    """A log line as train.py writes it: an object with an iteration number and fields of their types."""
-    return (isinstance(r, dict) and isinstance(r.get('iter'), int) and not isinstance(r['iter'], bool) and r['iter'] >= 0
-            and all(isinstance(r[k], t) and not isinstance(r[k], bool) for k, t in FIELDS.items() if k in r)
-            and isinstance(r.get('act', {}).get('layers', []), list))
+def parse_record(line):
+    """A log line's record as train.py writes it (an iteration number, typed fields, finite floats), else None."""
+    try:
+        r = json.loads(line)
+    except ValueError:
+        return None
+    valid = (isinstance(r, dict) and 'iter' in r  # FIELDS says it is an int
+             and all(isinstance(r[k], t) and not isinstance(r[k], bool) for k, t in FIELDS.items() if k in r)
+             and r['iter'] >= 0 and isinstance(r.get('act', {}).get('layers', []), list)
+             and all(math.isfinite(v) for v in r.values() if isinstance(v, float)))
+    return r if valid else None
 
 
 def read_log_lines(path):
@@ -195,11 +195,7 @@ def read_log_lines(path):
     except OSError as e:  # e.g. a directory where the file should be
         return [], [f'(unreadable: {e.strerror})\n']
     for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if valid_record(record) and all(math.isfinite(v) for v in record.values() if isinstance(v, float)):
+        if (record := parse_record(line)) is not None:
             records.append(record)
         elif line.strip():
             damaged.append(line if line.endswith('\n') else line + '\n')
@@ -216,11 +212,7 @@ def truncate_log(path, iter_num):
     records, damaged = read_log_lines(path)
     records = [r for r in records if r['iter'] <= iter_num]
     if damaged:
-        try:
-            with open(path + '.damaged', 'a', encoding='utf-8') as f:
-                f.writelines(damaged)
-        except OSError as e:
-            raise write_failed(path + '.damaged', e) from None
+        append_lines(path + '.damaged', damaged)
         print(f"warning: {len(damaged)} damaged line(s) of {path} moved to {path}.damaged; the intact lines are kept.",
               file=sys.stderr)
     write_text(path, ''.join(json.dumps(r) + '\n' for r in records))
@@ -229,9 +221,13 @@ def truncate_log(path, iter_num):
 
 def append_log(path, record):
     """One record as one line of log.jsonl, appended and closed at once (a reader sees every finished line)."""
+    append_lines(path, [json.dumps(record) + '\n'])
+
+
+def append_lines(path, lines):
     try:
         with open(path, 'a', encoding='utf-8') as f:
-            f.write(json.dumps(record) + '\n')
+            f.writelines(lines)
     except OSError as e:
         raise write_failed(path, e) from None
 
@@ -253,13 +249,10 @@ def try_lock_run_dir(out_dir):
     except OSError as e:
         raise UserError(f"cannot write in {out_dir} ({e.strerror or e}); choose a directory you can write to.") from None
     inherited = os.environ.get(LOCK_FD_ENV, '')
-    try:
-        shared = inherited.isdigit() and os.path.samestat(os.fstat(int(inherited)), os.fstat(f.fileno()))
-    except OSError:
-        shared = False
-    if shared:
-        f.close()
-        f = open(int(inherited), 'r+b', buffering=0)
+    with suppress(OSError):  # the lock compare.py took for this run and handed on: the same open file, so shared
+        if inherited.isdigit() and os.path.samestat(os.fstat(int(inherited)), os.fstat(f.fileno())):
+            f.close()
+            f = open(int(inherited), 'r+b', buffering=0)
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -269,12 +262,10 @@ def try_lock_run_dir(out_dir):
         return None, f"PID {pid}" + (f" on {host}" if host else '')
     except OSError as e:  # a filesystem without locks: train anyway, but say that the folder is not guarded
         print(f"warning: cannot lock {path} ({e.strerror or e}); make sure no other run uses {out_dir}.", file=sys.stderr)
-    try:
+    with suppress(OSError):  # a full disk: the lock holds all the same, only its note of the owner is missing
         f.seek(0)
         f.truncate()
         f.write(f"{os.getpid()} {socket.gethostname()}\n".encode())
-    except OSError:  # a full disk: the lock holds all the same, only its note of the owner is missing
-        pass
     return f, None
 
 

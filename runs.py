@@ -23,8 +23,7 @@ def identifies(key):
 
 def identity(settings, processes):
     """What a run is: its identifying settings (train.py's defaults filling what it did not set) and processes."""
-    full = {**DEFAULTS, **{k: v for k, v in settings.items() if k in DEFAULTS}}
-    return {**{k: v for k, v in full.items() if identifies(k)}, 'processes': processes}
+    return {**{k: settings.get(k, v) for k, v in DEFAULTS.items() if identifies(k)}, 'processes': processes}
 
 
 def make_run(cfg, variant, seed, lr=None):

@@ -4,7 +4,7 @@ import os
 import re
 import time
 
-from configurator import UserError, parse_args
+from configurator import parse_args
 from data.shards import SHARD_TOKENS
 from data.tokenizer import read_vendored
 
@@ -25,11 +25,8 @@ def work_starts(text):
 
 def split_works(text, val_fraction=0.1):
     """(train_text, val_text): val is every work from the work start nearest to (1 - val_fraction) of the text."""
-    starts = [s for s in work_starts(text) if s > 0]
-    if not starts:
-        raise UserError("the corpus has no 'by William Shakespeare' lines to split it into works.")
     target = (1 - val_fraction) * len(text)
-    cut = min(starts, key=lambda s: abs(s - target))
+    cut = min((s for s in work_starts(text) if s > 0), key=lambda s: abs(s - target))
     return text[:cut], text[cut:]
 
 

@@ -34,18 +34,16 @@ class _Split:
     """The shards of one split and where the windows of length T+1 can start in each."""
 
     def __init__(self, paths, window, vocab_size):
-        self.paths = paths
+        self.paths, self.window, self.vocab_size = paths, window, vocab_size
         info = [shard_info(p) for p in paths]  # validates every header
         self.n_tokens = np.array([n for n, _ in info], dtype=np.int64)
         # an id outside the vocabulary would fail deep in the model: checked here, or when first read if not recorded
         for path, (_, id_bound) in zip(paths, info):
             check_vocab(path, id_bound, vocab_size)
         self.unchecked = {s for s, (_, id_bound) in enumerate(info) if id_bound == 0}
-        self.vocab_size = vocab_size
-        self.n_windows = np.maximum(self.n_tokens - window + 1, 0)  # starts 0 .. n - window
-        self.first_window = np.concatenate([[0], np.cumsum(self.n_windows)[:-1]])
-        self.total_windows = int(self.n_windows.sum())
-        self.window = window
+        n_windows = np.maximum(self.n_tokens - window + 1, 0)  # starts 0 .. n - window
+        self.first_window = np.concatenate([[0], np.cumsum(n_windows)[:-1]])
+        self.total_windows = int(n_windows.sum())
 
     def sample(self, rng, n):
         """n windows as a (n, T+1) uint16 array, uniform over every window of every shard."""
@@ -56,7 +54,7 @@ class _Split:
         for s in np.unique(shard):
             tokens = open_shard(self.paths[s], int(self.n_tokens[s]))
             if s in self.unchecked:
-                check_vocab(self.paths[s], int(tokens.max()) + 1 if len(tokens) else 0, self.vocab_size)
+                check_vocab(self.paths[s], int(tokens.max()) + 1, self.vocab_size)  # a drawn shard has tokens
                 self.unchecked.discard(s)
             for i in np.flatnonzero(shard == s):
                 out[i] = tokens[start[i]:start[i] + self.window]

@@ -33,11 +33,6 @@ def write_shard(path, tokens):
     write_file(path, lambda f: (f.write(header.tobytes()), f.write(data.tobytes())), binary=True)
 
 
-def read_header(path):
-    """Validates a shard's header against its file size; returns its token count."""
-    return shard_info(path)[0]
-
-
 def shard_info(path):
     """Validates a shard's header against its file size; returns (token count, id_bound or 0 if not recorded)."""
     try:
@@ -72,8 +67,7 @@ def check_vocab(path, id_bound, vocab_size):
 
 def open_shard(path, n_tokens=None):
     """The shard's tokens as a read-only uint16 memmap (validated unless the caller already knows n_tokens)."""
-    if n_tokens is None:
-        n_tokens = read_header(path)
+    n_tokens = shard_info(path)[0] if n_tokens is None else n_tokens
     return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(n_tokens,))
 
 

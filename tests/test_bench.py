@@ -67,7 +67,8 @@ def test_ratios_are_against_the_baseline_of_the_same_run(report):
 
 def test_user_mistakes_are_one_sentence_errors():
     for args, words in [(["--variants=gelu,nope"], "unknown ffn"), (["--compile=maybe"], "--compile"),
-                        (["--n_head=3"], "divisible"), (["--profile=nope"], "unknown ffn")]:
+                        (["--n_head=3"], "divisible"), (["--profile=nope"], "unknown ffn"),
+                        (["--json=/proc/nope/bench.json"], "cannot create the folder")]:  # before the work
         with pytest.raises(UserError, match=words):
             bench.main(TINY + ["--repeats=1", "--json="] + args)
 
@@ -75,9 +76,13 @@ def test_user_mistakes_are_one_sentence_errors():
 def test_auto_device_never_picks_mps_which_bench_does_not_measure(monkeypatch):
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)  # as on an Apple machine without CUDA
     cfg, _ = bench.parse_args(bench.DEFAULTS, TINY + ["--device=auto"])
-    assert bench.resolve(cfg)[2] == "cpu"
+    threads = torch.get_num_threads()
+    try:
+        assert bench.setup(cfg)[2] == "cpu"
+    finally:
+        torch.set_num_threads(threads)
     with pytest.raises(UserError, match="does not measure MPS"):
-        bench.resolve(bench.parse_args(bench.DEFAULTS, TINY + ["--device=mps"])[0])
+        bench.setup(bench.parse_args(bench.DEFAULTS, TINY + ["--device=mps"])[0])
 
 
 def test_profile_shows_the_variant_against_its_baseline(capsys):

@@ -106,10 +106,10 @@ def test_train_all_keeps_two_runs_per_gpu(four_gpus, tmp_path, monkeypatch):
     monkeypatch.setattr(compare.subprocess, 'Popen', popen)
     monkeypatch.setattr(compare.time, 'sleep', lambda s: None)
     planned = [runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path)), 'gelu', s) for s in range(12)]
-    statuses = {}
-    compare.train_all([(r, 'scratch') for r in planned], cluster.placement(8, four_gpus, 1), 0, statuses,
+    compare.train_all([(r, 'scratch') for r in planned], cluster.placement(8, four_gpus, 1), 0,
                       progress.PlainProgress(12, 'runs'))
-    assert len(started) == 12 and all(v == 'done' for v in statuses.values()) and len(statuses) == 12
+    records = [json.load(open(os.path.join(r['dir'], runs.RECORD))) for r in planned]
+    assert len(started) == 12 and all(rec['status'] == 'done' for rec in records)
     assert max(p.load for p in started) == 2
     assert collections.Counter(p.gpu for p in started[:8]) == {g: 2 for g in four_gpus}
 

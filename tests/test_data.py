@@ -25,7 +25,7 @@ from data import shards
 from data import tokenizer as tokmod
 from data.corpus import read_shakespeare
 from data.loader import DataLoader, DatasetNotPrepared
-from data.shards import HEADER_BYTES, ShardError, open_shard, read_header, shard_paths, write_dataset, write_shard
+from data.shards import HEADER_BYTES, ShardError, open_shard, shard_info, shard_paths, write_dataset, write_shard
 from data.tokenizer import EOT, CharTokenizer, get_tokenizer
 
 EOT_TEXT = "<|endoftext|>"
@@ -103,7 +103,7 @@ def test_shard_write_read_round_trip(tmp_path):
     assert os.path.getsize(path) == HEADER_BYTES + 2 * len(tokens)
     header = np.fromfile(path, dtype="<i4", count=256)
     assert list(header[:4]) == [20240520, 1, 15, 65536] and not header[4:].any()  # [3]: 1 + the largest id
-    assert read_header(path) == 15
+    assert shard_info(path) == (15, 65536)
     back = np.array(open_shard(path))
     assert back.dtype == np.uint16 and back.tolist() == tokens.tolist()
     with pytest.raises(ValueError):
@@ -124,7 +124,7 @@ def test_truncated_or_foreign_shards_are_refused_with_one_clear_sentence(tmp_pat
     open(tiny, "wb").write(b"\x00" * 10)
     for path, words in [(truncated, "truncated"), (foreign, "magic number is 12345"), (tiny, "shorter than")]:
         with pytest.raises(ShardError) as err:
-            read_header(path)
+            shard_info(path)
         message = str(err.value)
         assert path in message and words in message and "\n" not in message
         assert isinstance(err.value, UserError)
@@ -235,7 +235,7 @@ def test_openwebtext_pipeline_end_to_end(owt, tmp_path):
         assert want_val and want_train
         # every shard has a valid header; train shards hold exactly shard_tokens tokens except the last
         train_paths = sorted(str(p) for p in out.glob(f"train_s{subset:02d}_*.bin"))
-        sizes = [read_header(p) for p in train_paths]
+        sizes = [shard_info(p)[0] for p in train_paths]
         assert len(sizes) >= 3 and set(sizes[:-1]) == {1000} and 0 < sizes[-1] <= 1000
         assert [os.path.basename(p) for p in train_paths] == [f"train_s{subset:02d}_{k:03d}.bin" for k in range(len(sizes))]
         train = read_split(out, f"train_s{subset:02d}")

@@ -12,7 +12,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so `python data/.../prepare.py` works
 
 from configurator import UserError, parse_args, run_cli
-from data.shards import ShardError, check_out_dir, read_header, shard_paths
+from data.shards import ShardError, check_out_dir, shard_info, shard_paths
 from data.tokenizer import GPT2Tokenizer
 from rundir import write_file, write_json
 
@@ -41,7 +41,7 @@ def fetch(filename, path, cache_dir):
     """Downloads one shard, checks its header against its size, and moves it to path."""
     got = download(filename, cache_dir)
     try:
-        read_header(got)
+        shard_info(got)
     except ShardError as e:
         os.remove(got)  # so that a rerun downloads it again
         raise UserError(f"the downloaded {filename} is corrupt and was deleted: {str(e).split('; ')[0]}; rerun to "
@@ -65,7 +65,7 @@ def prepare(shards=DEFAULTS["shards"], out_dir=HERE, cache_dir=""):
         filename, path = f"fineweb_{name}", os.path.join(out_dir, name)
         if os.path.exists(path):
             try:
-                read_header(path)
+                shard_info(path)
                 continue  # fetched by an earlier run
             except ShardError as e:
                 print(f"{e}; fetching it again", file=sys.stderr)
@@ -73,7 +73,7 @@ def prepare(shards=DEFAULTS["shards"], out_dir=HERE, cache_dir=""):
         fetch(filename, path, cache_dir or os.path.join(out_dir, "cache"))
     train, val = shard_paths(out_dir, "train"), shard_paths(out_dir, "val")
     meta = {**GPT2Tokenizer().meta(), "dataset": "fineweb10B", "repo": REPO_ID, "train_shards": len(train),
-            "train_tokens": sum(map(read_header, train)), "val_tokens": sum(map(read_header, val))}
+            "train_tokens": sum(shard_info(p)[0] for p in train), "val_tokens": sum(shard_info(p)[0] for p in val)}
     write_json(os.path.join(out_dir, "meta.json"), meta)  # last: a dataset with a meta.json is complete
     return meta
 

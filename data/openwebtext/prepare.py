@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from configurator import UserError, parse_args, run_cli
-from data.shards import SHARD_TOKENS, STAGING, check_out_dir, read_header, write_shard
+from data.shards import SHARD_TOKENS, STAGING, check_out_dir, shard_info, write_shard
 from data.tokenizer import EOT, GPT2Tokenizer
 from rundir import read_json, write_json
 
@@ -63,7 +63,8 @@ def download(subset, cache_dir):
     except RepositoryNotFoundError:
         raise UserError(f"the hub has no dataset {REPO_ID} (or it needs a login); check its name on huggingface.co.")
     except Exception as e:  # no network, a timeout, a full disk...
-        raise UserError(f"could not download {filename} from {REPO_ID} ({type(e).__name__}: {str(e).splitlines()[0]}); "
+        why = (str(e).splitlines() or ["no details"])[0]
+        raise UserError(f"could not download {filename} from {REPO_ID} ({type(e).__name__}: {why}); "
                         f"check the network connection and disk space, then rerun (finished subsets are kept).")
 
 
@@ -82,15 +83,13 @@ def parse_subsets(subsets, num_subsets):
         if not m:
             raise UserError(f"cannot read the subset {part!r}; write subsets as numbers and ranges, e.g. --subsets=0-2,5.")
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
-        for s in range(lo, hi + 1):
-            if s >= N_SUBSETS:
-                raise UserError(f"there is no subset {s}: {REPO_ID} has subsets 0-{N_SUBSETS - 1} "
-                                f"(urlsf_subset00.tar ... urlsf_subset{N_SUBSETS - 1}.tar).")
-            if s not in chosen:
-                chosen.append(s)
+        if hi >= N_SUBSETS:
+            raise UserError(f"there is no subset {hi}: {REPO_ID} has subsets 0-{N_SUBSETS - 1} "
+                            f"(urlsf_subset00.tar ... urlsf_subset{N_SUBSETS - 1}.tar).")
+        chosen += range(lo, hi + 1)
     if not chosen:
         raise UserError(f"no subset chosen in {subsets!r}; e.g. --subsets=0-2.")
-    return chosen
+    return list(dict.fromkeys(chosen))  # in the order given, without repeats
 
 
 def clean(text):
@@ -186,7 +185,7 @@ def is_done(out_dir, subset, shard_tokens=SHARD_TOKENS, val_fraction=VAL_FRACTIO
     info = read_json(os.path.join(out_dir, f"done_s{subset:02d}.json"))
     try:
         for name in info["train_shards"] + info["val_shards"]:
-            read_header(os.path.join(out_dir, name))
+            shard_info(os.path.join(out_dir, name))
     except (TypeError, KeyError, UserError):  # TypeError: no record, or a damaged one
         return False
     settings = (info.get("revision"), info.get("shard_tokens"), info.get("val_fraction"))
