@@ -334,7 +334,8 @@ def parse_args(defaults, argv, types=None, prog='train.py', doc=''):
 def to_argv(settings):
     """Settings as --key=value arguments that parse_args reads back as the same values: the one way a settings dict
     becomes a command line."""
-    return [f"--{k}={'auto' if v is None else v if isinstance(v, str) else repr(v)}" for k, v in settings.items()]
+    text = lambda v: 'auto' if v is None else v if isinstance(v, str) else repr(v)
+    return [f'--{k}={text(v)}' for k, v in settings.items()]
 
 
 def split_list(text):

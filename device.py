@@ -49,7 +49,9 @@ def peak_flops(device_type, override):
     """The peak FLOP/s MFU is measured against: --peak_flops, else the GPU's bf16 peak by name, else None."""
     if override > 0:
         return override
-    name = torch.cuda.get_device_name() if device_type == 'cuda' else ''
+    if device_type != 'cuda':
+        return None
+    name = torch.cuda.get_device_name()
     return next((flops for key, flops in PEAK_FLOPS if key in name), None)
 
 
