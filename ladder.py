@@ -6,7 +6,7 @@ import sys
 
 import stats
 from configurator import UserError, split_list
-from report import fmt_count, fmt_loss, meta_model, scale_counts, time_verdict
+from report import fmt_count, fmt_loss, meta_model, scale_counts, seed_gaps, time_verdict
 from rundir import write_text
 
 BOOTSTRAP_MIN_SEEDS = 5  # fewer values have too few distinct resamples for a percentile interval
@@ -118,10 +118,8 @@ def summarize(cfg, sizes, summaries):
 
 def point(size, summ, v):
     """Variant v at one size, from that size's summary (in a sweep: at v's best rate, on windows the choice skipped)."""
-    sv, sb = summ['variants'][v], summ['variants'][summ['baseline']]
-    base = {r['seed']: r['final_val_loss'] for r in sb['runs']}
-    gaps = [r['final_val_loss'] - base[r['seed']] for r in sv['runs']  # per seed: same seed, so same batches
-            if r['final_val_loss'] is not None and base.get(r['seed']) is not None]
+    sv = summ['variants'][v]
+    gaps = seed_gaps(sv['runs'], summ['variants'][summ['baseline']]['runs'])
     return {'size': size['name'], 'N': sv['scale']['non_embedding'], 'n_embd': size['n_embd'],
             'best_lr': summ['lr'][v]['best'] if summ.get('lr') else None, 'tok_s': sv['tok_s'],
             'N_active': sv['scale']['non_embedding_active'], 'flops': sv['scale']['flops_per_token'] * sv['tokens'],

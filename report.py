@@ -97,17 +97,14 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses, loss_of=lambda r: 
            'damaged_lines': damaged, 'variants': {}}
     models = {v: meta_model(next(r for r in runs if r['variant'] == v)['settings'], cfg['data_dir']) for v in variants}
     scale = {v: scale_counts(model) for v, model in models.items()}
-    base_vals = {m['seed']: m['final_val_loss'] for m in by_variant[baseline]}
     for v in variants:
         ms = by_variant[v]
-        diffs = [m['final_val_loss'] - base_vals[m['seed']] for m in ms
-                 if m['final_val_loss'] is not None and base_vals.get(m['seed']) is not None]
         done = [m for m in ms if m['status'] == 'done']
         out['variants'][v] = {
             'params': models[v].param_report(), 'scale': scale[v],
             'status': 'done' if len(done) == len(ms) else 'stopped',
             'final_val_loss': mean_std([m['final_val_loss'] for m in ms]),
-            'diff_to_baseline': stats.paired(diffs) if v != baseline else None,
+            'diff_to_baseline': stats.paired(seed_gaps(ms, by_variant[baseline])) if v != baseline else None,
             'tok_s': statistics.fmean(m['tok_s'] for m in ms if m['tok_s']) if any(m['tok_s'] for m in ms) else None,
             # over the finished runs (a stopped run's partial time is not a run's time), or all where none finished
             'train_time_s': statistics.fmean(m['train_time_s'] for m in (done or ms)),
@@ -125,6 +122,13 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses, loss_of=lambda r: 
     val_hashes = {m['val_hash'] for v in variants for m in by_variant[v]}
     out['same_val_windows'] = (len(val_hashes) == 1) if None not in val_hashes else None
     return out, by_variant
+
+
+def seed_gaps(runs, base_runs):
+    """Per seed: a run's final validation loss minus the baseline's (the same seed, so the same batches)."""
+    base = {r['seed']: r['final_val_loss'] for r in base_runs}
+    return [r['final_val_loss'] - base[r['seed']] for r in runs
+            if r['final_val_loss'] is not None and base.get(r['seed']) is not None]
 
 
 def matched(runs, base_runs, scale, base_scale):
