@@ -6,7 +6,7 @@ import sys
 
 import stats
 from configurator import UserError, split_list
-from report import fmt_count, fmt_loss, meta_model, scale_counts, seed_gaps, time_verdict
+from report import fmt, fmt_count, fmt_loss, meta_model, scale_counts, seed_gaps, time_verdict
 from rundir import write_text
 
 BOOTSTRAP_MIN_SEEDS = 5  # fewer values have too few distinct resamples for a percentile interval
@@ -145,13 +145,6 @@ def multiplier(base, points, times_meaningful):
     return m
 
 
-def fmt_ci(x, ci, spec, unit=''):
-    """x in the format `spec` (and its unit), then its interval [lo, hi] where it has one; – for no x."""
-    if x is None:
-        return '–'
-    return f'{x:{spec}}{unit}' + (f' [{ci[0]:{spec}}, {ci[1]:{spec}}]' if ci and None not in ci else '')
-
-
 def fmt_fit(f):
     return (f"E = {f['E']:.3f} ± {f['E_se']:.3f}, A = {f['A']:.3g} ± {f['A_se']:.2g}, α = {f['alpha']:.3f} ± "
             f"{f['alpha_se']:.3f}" if f['identifiable'] else f"not identifiable ({f['why']})")
@@ -171,7 +164,7 @@ def multiplier_section(lad):
         return ['', '## Effective compute multiplier', '', "Needs at least 4 sizes (a 3-parameter law for the "
                 "baseline's loss against compute) and every seed finished."]
     base, sz = lad['baseline'], lad['sizes']
-    x = lambda p: fmt_ci(p['multiplier'], p.get('ci'), '.2f', 'x')
+    x = lambda p: fmt(p['multiplier'], '.2f', 'x', p.get('ci'))
     return (['', '## Effective compute multiplier', '',
              f"{base}'s final loss against training compute is fitted as L(C) = E + A·C^(−α); a variant reaching loss "
              f"L with compute C is worth C_{base}(L) / C (> 1: worth more compute): per size from its mean loss, at "
@@ -181,7 +174,7 @@ def multiplier_section(lad):
              '| variant | ' + ' | '.join(s['name'] for s in sz) + f" | at {EXTRAPOLATE}x compute | speedup per size |",
              '|---|' + '---:|' * (len(sz) + 2)]
             + [f"| {v} | " + ' | '.join(map(x, m['per_size'])) + f" | {x(m['at_budget'])} | "
-               + ', '.join(fmt_ci(p['speedup'], None, '.2f', 'x') for p in m['per_size']) + ' |' for v, m in rows])
+               + ', '.join(fmt(p['speedup'], '.2f', 'x') for p in m['per_size']) + ' |' for v, m in rows])
 
 
 def write_markdown(path, lad):
@@ -212,9 +205,9 @@ def write_markdown(path, lad):
               f"of every seed's Δ against ln N [95% CI]: 'grows' (the variant loses ground to {base} as models grow), "
               f"'shrinks' (it gains), or 'flat within noise'. {BOOTSTRAP_MIN_SEEDS}+ seeds: summary.json adds a "
               f"bootstrap CI.", '', head + ' trend: slope per ln N [95% CI] |', rule + ':---|']
-    gap = lambda g: '–' if g is None else fmt_ci(g['mean'], g.get('ci'), '+.4f') + ('' if g.get('ci') else ' (no CI)')
+    gap = lambda g: '–' if g is None else fmt(g['mean'], '+.4f', ci=g.get('ci')) + ('' if g.get('ci') else ' (no CI)')
     trend = lambda t: '– (needs 2 sizes, 3 gaps)' if t is None else (
-        f"**{t['verdict']}**: " + fmt_ci(t['slope_per_ln_n'], t['ci'], '+.4f'))
+        f"**{t['verdict']}**: " + fmt(t['slope_per_ln_n'], '+.4f', ci=t['ci']))
     lines += [f"| {v} | " + ' | '.join(gap(p['gap']) for p in lv['points']) + f" | {trend(lv['trend'])} |"
               for v, lv in lad['variants'].items() if v != base]
     lines += ['', '## Power law L(N) = E + A·N^(−α) per variant', '',

@@ -211,11 +211,19 @@ def fmt_count(n):
     return f'{n / 1e6:.2f}M' if n >= 1e6 else f'{n / 1e3:.1f}k' if n >= 1e3 else str(n)
 
 
+def fmt(x, spec, unit='', ci=None):
+    """x in the format `spec` (and its unit), then its interval [lo, hi] where it has one; – for no x."""
+    if x is None:
+        return '–'
+    return f'{x:{spec}}{unit}' + (f' [{ci[0]:{spec}}, {ci[1]:{spec}}]' if ci and None not in ci else '')
+
+
 def fmt_loss(x, signed=False):
     """A loss (signed: a difference of losses) to 4 decimals; a mean_std or stats.paired dict as mean ± std; None: –."""
+    spec = '+.4f' if signed else '.4f'
     if isinstance(x, dict):
-        return fmt_loss(x['mean'], signed) + (f" ± {x['std']:.4f}" if x['std'] is not None else '')
-    return '–' if x is None else f'{x:+.4f}' if signed else f'{x:.4f}'
+        return fmt(x['mean'], spec) + (f" ± {x['std']:.4f}" if x['std'] is not None else '')
+    return fmt(x, spec)
 
 
 def times_note(summary):
@@ -239,7 +247,7 @@ def table(summary):
         res = '' if d is None else 'no (1 seed)' if d['n'] < 2 else (
             f"{'yes' if d['resolved'] else 'no'}" + (f" (t={d['t']:.1f})" if d['t'] is not None else ''))
         total = fmt_count(p['total']) + (f" ({fmt_count(p['active'])} active)" if p['active'] != p['total'] else '')
-        tok_s = '–' if s['tok_s'] is None else format(s['tok_s'], ',.0f')
+        tok_s = fmt(s['tok_s'], ',.0f')
         name = f"{v} | {lr[v]['best']:.3g}" if lr else v
         rows.append(f"| {name} | {total} | {fmt_count(p['ffn'])} | {p['extras']:,} | {val} | {diff} | {res} | {tok_s} | "
                     f"{s['train_time_s']:.1f} s |")
@@ -277,7 +285,7 @@ def time_verdict(m):
 
 def matched_section(summary):
     base = summary['baseline']
-    ratio = lambda x: '–' if x is None else f'{x:.2f}x'
+    ratio = lambda x: fmt(x, '.2f', 'x')
     rows = [f"| {v} | {m['reached']} of {m['seeds']} | {ratio(m['tokens_ratio'])} | {ratio(m['flops_ratio'])} | "
             f"{ratio(m['seconds_ratio'])} | {fmt_loss(m['loss_at_base_time'], signed=True)} | {time_verdict(m)} |"
             for v, s in summary['variants'].items() if v != base and (m := s.get('matched'))]
@@ -295,8 +303,8 @@ def matched_section(summary):
 def learned_section(summary):
     """Per variant and layer, every quantity each part of the layer reported about itself (model.GPT.learned)."""
     # a quantity is a number, or named numbers (e.g. an LA/MoA dictionary's entries)
-    fmt = lambda x: ', '.join(f'{k} {y:.3f}' for k, y in x.items()) if isinstance(x, dict) else f'{x:.3f}'
-    part = lambda name, quantities: f"{name}: " + '; '.join(f'{q} = {fmt(x)}' for q, x in quantities.items())
+    number = lambda x: ', '.join(f'{k} {y:.3f}' for k, y in x.items()) if isinstance(x, dict) else f'{x:.3f}'
+    part = lambda name, quantities: f"{name}: " + '; '.join(f'{q} = {number(x)}' for q, x in quantities.items())
     lines = []
     for v, s in summary['variants'].items():
         if not s['learned']:
