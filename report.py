@@ -164,19 +164,21 @@ def matched(runs, base_runs, scale, base_scale):
 SELECT, REPORT = 0, 1
 
 
-def final_half(run, status, half):
-    """A run's final validation loss on one half of the windows; None where it did not finish (a diverged run)."""
-    evals = [r for r in read_log_lines(os.path.join(run['dir'], 'log.jsonl'))[0] if 'val_halves' in r]
-    done = status == 'done' and evals and evals[-1]['iter'] == run['settings']['max_iters']
-    return evals[-1]['val_halves'][half] if done else None
+def losses_by_rate(runs, statuses, half):
+    """Per variant and rate: each run's final validation loss on one half of the windows, None where it did not finish
+    (a diverged run)."""
+    by = {}
+    for run in runs:
+        evals = [r for r in read_log_lines(os.path.join(run['dir'], 'log.jsonl'))[0] if 'val_halves' in r]
+        done = statuses[run['dir']] == 'done' and evals and evals[-1]['iter'] == run['settings']['max_iters']
+        loss = evals[-1]['val_halves'][half] if done else None
+        by.setdefault(run['variant'], {}).setdefault(run['lr'], []).append(loss)
+    return by
 
 
 def choose_rates(runs, statuses):
     """Per variant: its best rate (stats.choose_rate on the selection half only) and the losses behind the choice."""
-    by = {}
-    for run in runs:
-        by.setdefault(run['variant'], {}).setdefault(run['lr'], []).append(final_half(run, statuses[run['dir']], SELECT))
-    return {v: stats.choose_rate(losses) for v, losses in by.items()}
+    return {v: stats.choose_rate(losses) for v, losses in losses_by_rate(runs, statuses, SELECT).items()}
 
 
 def summarize_sweep(cfg, variants, seeds, baseline, runs, statuses):
@@ -185,20 +187,20 @@ def summarize_sweep(cfg, variants, seeds, baseline, runs, statuses):
     chosen = choose_rates(runs, statuses)
     report_half = lambda r: r['val_halves'][REPORT]
     at = lambda rate_of: [r for r in runs if r['lr'] == rate_of(r['variant'])]
-    summary, by_variant = summarize(cfg, variants, seeds, baseline, at(lambda v: chosen[v]['best']), statuses, report_half)
+    summary, by_variant = summarize(cfg, variants, seeds, baseline, at(lambda v: chosen[v]['best']), statuses,
+                                    report_half)
     shared, _ = summarize(cfg, variants, seeds, baseline, at(lambda v: cfg['learning_rate']), statuses, report_half)
     summary['shared'] = {v: {k: s[k] for k in ('final_val_loss', 'diff_to_baseline', 'status')}
                          for v, s in shared['variants'].items()}
-    summary['lr'] = {}
+    summary['lr'], reported = {}, losses_by_rate(runs, statuses, REPORT)
     for v in variants:
-        rates = sorted({r['lr'] for r in runs if r['variant'] == v})
-        loss = {lr: mean_std([final_half(r, statuses[r['dir']], REPORT) for r in runs
-                              if r['variant'] == v and r['lr'] == lr]) for lr in rates}
-        best = chosen[v]['best']
+        rates, best = sorted(reported[v]), chosen[v]['best']
+        loss = {lr: mean_std(reported[v][lr]) for lr in rates}
         near = lambda f: next((loss[r]['mean'] - loss[best]['mean'] for r in rates if math.isclose(r, f * best)
                                and loss[r] and loss[best]), None)
         summary['lr'][v] = {'rates': rates, 'best': best, 'edge': chosen[v]['edge'], 'select_mean': chosen[v]['mean'],
-                            'report': {repr(r): loss[r] for r in rates}, 'sensitivity': {'half': near(0.5), 'double': near(2)}}
+                            'report': {repr(r): loss[r] for r in rates},
+                            'sensitivity': {'half': near(0.5), 'double': near(2)}}
     summary['shared_lr'] = cfg['learning_rate']
     return summary, by_variant
 
