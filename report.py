@@ -139,6 +139,8 @@ def matched(runs, base_runs, scale, base_scale):
     if not pairs:
         return None
     ratios, at_budget = {'tokens': [], 'flops': [], 'seconds': []}, []
+    # None where the baseline was there before it trained (a run of 0 iterations): no ratio to take
+    ratio = lambda x, b: x / b if b > 0 else None
     for m, b in pairs:
         _, b_toks, b_secs, b_loss = zip(*b['curve']['val'])
         _, tok, sec, loss = zip(*m['curve']['val'])
@@ -148,11 +150,9 @@ def matched(runs, base_runs, scale, base_scale):
         if t_reach is None:
             continue
         b_tok, b_sec = stats.reach(b_toks, b_loss, target), stats.reach(b_secs, b_loss, target)
-        # None where the baseline was there before it trained (a run of 0 iterations): no ratio to take
-        ratios['tokens'].append(t_reach / b_tok if b_tok > 0 else None)
-        ratios['flops'].append(t_reach * scale['flops_per_token'] / (b_tok * base_scale['flops_per_token'])
-                               if b_tok > 0 else None)
-        ratios['seconds'].append(s_reach / b_sec if b_sec > 0 else None)
+        ratios['tokens'].append(ratio(t_reach, b_tok))
+        ratios['flops'].append(ratio(t_reach * scale['flops_per_token'], b_tok * base_scale['flops_per_token']))
+        ratios['seconds'].append(ratio(s_reach, b_sec))
     mean = lambda xs: statistics.fmean(xs) if xs and None not in xs and len(xs) == len(pairs) else None
     return {'seeds': len(pairs), 'reached': len(ratios['tokens']),
             **{f'{k}_ratio': mean(xs) for k, xs in ratios.items()}, 'loss_at_base_time': stats.paired(at_budget)}
