@@ -145,19 +145,6 @@ def multiplier(base, points, times_meaningful):
     return m
 
 
-def fmt_fit(f):
-    return (f"E = {f['E']:.3f} ± {f['E_se']:.3f}, A = {f['A']:.3g} ± {f['A_se']:.2g}, α = {f['alpha']:.3f} ± "
-            f"{f['alpha_se']:.3f}" if f['identifiable'] else f"not identifiable ({f['why']})")
-
-
-def fmt_matched(m):
-    if not m:
-        return '–'
-    reach = (f"not reached ({m['reached']} of {m['seeds']})" if m['seconds_ratio'] is None else
-             f"{m['seconds_ratio']:.2f}x s, {m['flops_ratio']:.2f}x FLOPs")
-    return f'{reach}; {time_verdict(m)}'
-
-
 def multiplier_section(lad):
     rows = [(v, lv['multiplier']) for v, lv in lad['variants'].items() if lv.get('multiplier')]
     if not rows:
@@ -212,11 +199,16 @@ def write_markdown(path, lad):
               for v, lv in lad['variants'].items() if v != base]
     lines += ['', '## Power law L(N) = E + A·N^(−α) per variant', '',
               "A least-squares fit to every seed's final loss, ± one standard error; only with 4+ sizes.", '']
-    lines += [f"- {v}: {fmt_fit(lv['fit'])}" for v, lv in lad['variants'].items()] + multiplier_section(lad)
+    fit = lambda f: (f"E = {f['E']:.3f} ± {f['E_se']:.3f}, A = {f['A']:.3g} ± {f['A_se']:.2g}, α = {f['alpha']:.3f} ± "
+                     f"{f['alpha_se']:.3f}" if f['identifiable'] else f"not identifiable ({f['why']})")
+    lines += [f"- {v}: {fit(lv['fit'])}" for v, lv in lad['variants'].items()] + multiplier_section(lad)
     lines += ['', '## Compute- and time-matched, per size', '',
               f"Seconds (and FLOPs) to reach {base}'s final loss as a multiple of {base}'s, and which way the "
               f"time-matched comparison goes (see each size's summary.md).", '', head, rule]
-    lines += [f'| {v} | ' + ' | '.join(fmt_matched(p['matched']) for p in lv['points']) + ' |'
+    reached = lambda m: (f"not reached ({m['reached']} of {m['seeds']})" if m['seconds_ratio'] is None else
+                         f"{m['seconds_ratio']:.2f}x s, {m['flops_ratio']:.2f}x FLOPs")
+    matched = lambda m: f'{reached(m)}; {time_verdict(m)}' if m else '–'
+    lines += [f'| {v} | ' + ' | '.join(matched(p['matched']) for p in lv['points']) + ' |'
               for v, lv in lad['variants'].items() if v != base]
     lines += ['', '![ladder](ladder.png)', '']
     write_text(path, '\n'.join(lines))
