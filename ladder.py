@@ -6,7 +6,7 @@ import sys
 
 import stats
 from configurator import UserError, split_list
-from report import fmt_count, fmt_loss, meta_model, scale_counts, time_verdict
+from report import fmt, fmt_count, fmt_loss, meta_model, scale_counts, seed_gaps, time_verdict
 from rundir import write_text
 
 BOOTSTRAP_MIN_SEEDS = 5  # fewer values have too few distinct resamples for a percentile interval
@@ -118,10 +118,8 @@ def summarize(cfg, sizes, summaries):
 
 def point(size, summ, v):
     """Variant v at one size, from that size's summary (in a sweep: at v's best rate, on windows the choice skipped)."""
-    sv, sb = summ['variants'][v], summ['variants'][summ['baseline']]
-    base = {r['seed']: r['final_val_loss'] for r in sb['runs']}
-    gaps = [r['final_val_loss'] - base[r['seed']] for r in sv['runs']  # per seed: same seed, so same batches
-            if r['final_val_loss'] is not None and base.get(r['seed']) is not None]
+    sv = summ['variants'][v]
+    gaps = seed_gaps(sv['runs'], summ['variants'][summ['baseline']]['runs'])
     return {'size': size['name'], 'N': sv['scale']['non_embedding'], 'n_embd': size['n_embd'],
             'best_lr': summ['lr'][v]['best'] if summ.get('lr') else None, 'tok_s': sv['tok_s'],
             'N_active': sv['scale']['non_embedding_active'], 'flops': sv['scale']['flops_per_token'] * sv['tokens'],
@@ -147,33 +145,13 @@ def multiplier(base, points, times_meaningful):
     return m
 
 
-def fmt_ci(x, ci, spec, unit=''):
-    """x in the format `spec` (and its unit), then its interval [lo, hi] where it has one; – for no x."""
-    if x is None:
-        return '–'
-    return f'{x:{spec}}{unit}' + (f' [{ci[0]:{spec}}, {ci[1]:{spec}}]' if ci and None not in ci else '')
-
-
-def fmt_fit(f):
-    return (f"E = {f['E']:.3f} ± {f['E_se']:.3f}, A = {f['A']:.3g} ± {f['A_se']:.2g}, α = {f['alpha']:.3f} ± "
-            f"{f['alpha_se']:.3f}" if f['identifiable'] else f"not identifiable ({f['why']})")
-
-
-def fmt_matched(m):
-    if not m:
-        return '–'
-    reach = (f"not reached ({m['reached']} of {m['seeds']})" if m['seconds_ratio'] is None else
-             f"{m['seconds_ratio']:.2f}x s, {m['flops_ratio']:.2f}x FLOPs")
-    return f'{reach}; {time_verdict(m)}'
-
-
 def multiplier_section(lad):
     rows = [(v, lv['multiplier']) for v, lv in lad['variants'].items() if lv.get('multiplier')]
     if not rows:
         return ['', '## Effective compute multiplier', '', "Needs at least 4 sizes (a 3-parameter law for the "
                 "baseline's loss against compute) and every seed finished."]
     base, sz = lad['baseline'], lad['sizes']
-    x = lambda p: fmt_ci(p['multiplier'], p.get('ci'), '.2f', 'x')
+    x = lambda p: fmt(p['multiplier'], '.2f', 'x', p.get('ci'))
     return (['', '## Effective compute multiplier', '',
              f"{base}'s final loss against training compute is fitted as L(C) = E + A·C^(−α); a variant reaching loss "
              f"L with compute C is worth C_{base}(L) / C (> 1: worth more compute): per size from its mean loss, at "
@@ -183,7 +161,7 @@ def multiplier_section(lad):
              '| variant | ' + ' | '.join(s['name'] for s in sz) + f" | at {EXTRAPOLATE}x compute | speedup per size |",
              '|---|' + '---:|' * (len(sz) + 2)]
             + [f"| {v} | " + ' | '.join(map(x, m['per_size'])) + f" | {x(m['at_budget'])} | "
-               + ', '.join(fmt_ci(p['speedup'], None, '.2f', 'x') for p in m['per_size']) + ' |' for v, m in rows])
+               + ', '.join(fmt(p['speedup'], '.2f', 'x') for p in m['per_size']) + ' |' for v, m in rows])
 
 
 def write_markdown(path, lad):
@@ -214,18 +192,23 @@ def write_markdown(path, lad):
               f"of every seed's Δ against ln N [95% CI]: 'grows' (the variant loses ground to {base} as models grow), "
               f"'shrinks' (it gains), or 'flat within noise'. {BOOTSTRAP_MIN_SEEDS}+ seeds: summary.json adds a "
               f"bootstrap CI.", '', head + ' trend: slope per ln N [95% CI] |', rule + ':---|']
-    gap = lambda g: '–' if g is None else fmt_ci(g['mean'], g.get('ci'), '+.4f') + ('' if g.get('ci') else ' (no CI)')
+    gap = lambda g: '–' if g is None else fmt(g['mean'], '+.4f', ci=g.get('ci')) + ('' if g.get('ci') else ' (no CI)')
     trend = lambda t: '– (needs 2 sizes, 3 gaps)' if t is None else (
-        f"**{t['verdict']}**: " + fmt_ci(t['slope_per_ln_n'], t['ci'], '+.4f'))
+        f"**{t['verdict']}**: " + fmt(t['slope_per_ln_n'], '+.4f', ci=t['ci']))
     lines += [f"| {v} | " + ' | '.join(gap(p['gap']) for p in lv['points']) + f" | {trend(lv['trend'])} |"
               for v, lv in lad['variants'].items() if v != base]
     lines += ['', '## Power law L(N) = E + A·N^(−α) per variant', '',
               "A least-squares fit to every seed's final loss, ± one standard error; only with 4+ sizes.", '']
-    lines += [f"- {v}: {fmt_fit(lv['fit'])}" for v, lv in lad['variants'].items()] + multiplier_section(lad)
+    fit = lambda f: (f"E = {f['E']:.3f} ± {f['E_se']:.3f}, A = {f['A']:.3g} ± {f['A_se']:.2g}, α = {f['alpha']:.3f} ± "
+                     f"{f['alpha_se']:.3f}" if f['identifiable'] else f"not identifiable ({f['why']})")
+    lines += [f"- {v}: {fit(lv['fit'])}" for v, lv in lad['variants'].items()] + multiplier_section(lad)
     lines += ['', '## Compute- and time-matched, per size', '',
               f"Seconds (and FLOPs) to reach {base}'s final loss as a multiple of {base}'s, and which way the "
               f"time-matched comparison goes (see each size's summary.md).", '', head, rule]
-    lines += [f'| {v} | ' + ' | '.join(fmt_matched(p['matched']) for p in lv['points']) + ' |'
+    reached = lambda m: (f"not reached ({m['reached']} of {m['seeds']})" if m['seconds_ratio'] is None else
+                         f"{m['seconds_ratio']:.2f}x s, {m['flops_ratio']:.2f}x FLOPs")
+    matched = lambda m: f'{reached(m)}; {time_verdict(m)}' if m else '–'
+    lines += [f'| {v} | ' + ' | '.join(matched(p['matched']) for p in lv['points']) + ' |'
               for v, lv in lad['variants'].items() if v != base]
     lines += ['', '![ladder](ladder.png)', '']
     write_text(path, '\n'.join(lines))

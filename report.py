@@ -97,17 +97,14 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses, loss_of=lambda r: 
            'damaged_lines': damaged, 'variants': {}}
     models = {v: meta_model(next(r for r in runs if r['variant'] == v)['settings'], cfg['data_dir']) for v in variants}
     scale = {v: scale_counts(model) for v, model in models.items()}
-    base_vals = {m['seed']: m['final_val_loss'] for m in by_variant[baseline]}
     for v in variants:
         ms = by_variant[v]
-        diffs = [m['final_val_loss'] - base_vals[m['seed']] for m in ms
-                 if m['final_val_loss'] is not None and base_vals.get(m['seed']) is not None]
         done = [m for m in ms if m['status'] == 'done']
         out['variants'][v] = {
             'params': models[v].param_report(), 'scale': scale[v],
             'status': 'done' if len(done) == len(ms) else 'stopped',
             'final_val_loss': mean_std([m['final_val_loss'] for m in ms]),
-            'diff_to_baseline': stats.paired(diffs) if v != baseline else None,
+            'diff_to_baseline': stats.paired(seed_gaps(ms, by_variant[baseline])) if v != baseline else None,
             'tok_s': statistics.fmean(m['tok_s'] for m in ms if m['tok_s']) if any(m['tok_s'] for m in ms) else None,
             # over the finished runs (a stopped run's partial time is not a run's time), or all where none finished
             'train_time_s': statistics.fmean(m['train_time_s'] for m in (done or ms)),
@@ -127,6 +124,13 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses, loss_of=lambda r: 
     return out, by_variant
 
 
+def seed_gaps(runs, base_runs):
+    """Per seed: a run's final validation loss minus the baseline's (the same seed, so the same batches)."""
+    base = {r['seed']: r['final_val_loss'] for r in base_runs}
+    return [r['final_val_loss'] - base[r['seed']] for r in runs
+            if r['final_val_loss'] is not None and base.get(r['seed']) is not None]
+
+
 def matched(runs, base_runs, scale, base_scale):
     """Compute- and time-matched verdicts, seed by seed: the tokens, FLOPs and seconds a variant needs to reach the
     baseline's final loss over what the baseline first needed, and its loss at the baseline's last second minus that."""
@@ -135,6 +139,8 @@ def matched(runs, base_runs, scale, base_scale):
     if not pairs:
         return None
     ratios, at_budget = {'tokens': [], 'flops': [], 'seconds': []}, []
+    # None where the baseline was there before it trained (a run of 0 iterations): no ratio to take
+    ratio = lambda x, b: x / b if b > 0 else None
     for m, b in pairs:
         _, b_toks, b_secs, b_loss = zip(*b['curve']['val'])
         _, tok, sec, loss = zip(*m['curve']['val'])
@@ -144,11 +150,9 @@ def matched(runs, base_runs, scale, base_scale):
         if t_reach is None:
             continue
         b_tok, b_sec = stats.reach(b_toks, b_loss, target), stats.reach(b_secs, b_loss, target)
-        # None where the baseline was there before it trained (a run of 0 iterations): no ratio to take
-        ratios['tokens'].append(t_reach / b_tok if b_tok > 0 else None)
-        ratios['flops'].append(t_reach * scale['flops_per_token'] / (b_tok * base_scale['flops_per_token'])
-                               if b_tok > 0 else None)
-        ratios['seconds'].append(s_reach / b_sec if b_sec > 0 else None)
+        ratios['tokens'].append(ratio(t_reach, b_tok))
+        ratios['flops'].append(ratio(t_reach * scale['flops_per_token'], b_tok * base_scale['flops_per_token']))
+        ratios['seconds'].append(ratio(s_reach, b_sec))
     mean = lambda xs: statistics.fmean(xs) if xs and None not in xs and len(xs) == len(pairs) else None
     return {'seeds': len(pairs), 'reached': len(ratios['tokens']),
             **{f'{k}_ratio': mean(xs) for k, xs in ratios.items()}, 'loss_at_base_time': stats.paired(at_budget)}
@@ -160,19 +164,21 @@ def matched(runs, base_runs, scale, base_scale):
 SELECT, REPORT = 0, 1
 
 
-def final_half(run, status, half):
-    """A run's final validation loss on one half of the windows; None where it did not finish (a diverged run)."""
-    evals = [r for r in read_log_lines(os.path.join(run['dir'], 'log.jsonl'))[0] if 'val_halves' in r]
-    done = status == 'done' and evals and evals[-1]['iter'] == run['settings']['max_iters']
-    return evals[-1]['val_halves'][half] if done else None
+def losses_by_rate(runs, statuses, half):
+    """Per variant and rate: each run's final validation loss on one half of the windows, None where it did not finish
+    (a diverged run)."""
+    by = {}
+    for run in runs:
+        evals = [r for r in read_log_lines(os.path.join(run['dir'], 'log.jsonl'))[0] if 'val_halves' in r]
+        done = statuses[run['dir']] == 'done' and evals and evals[-1]['iter'] == run['settings']['max_iters']
+        loss = evals[-1]['val_halves'][half] if done else None
+        by.setdefault(run['variant'], {}).setdefault(run['lr'], []).append(loss)
+    return by
 
 
 def choose_rates(runs, statuses):
     """Per variant: its best rate (stats.choose_rate on the selection half only) and the losses behind the choice."""
-    by = {}
-    for run in runs:
-        by.setdefault(run['variant'], {}).setdefault(run['lr'], []).append(final_half(run, statuses[run['dir']], SELECT))
-    return {v: stats.choose_rate(losses) for v, losses in by.items()}
+    return {v: stats.choose_rate(losses) for v, losses in losses_by_rate(runs, statuses, SELECT).items()}
 
 
 def summarize_sweep(cfg, variants, seeds, baseline, runs, statuses):
@@ -181,20 +187,20 @@ def summarize_sweep(cfg, variants, seeds, baseline, runs, statuses):
     chosen = choose_rates(runs, statuses)
     report_half = lambda r: r['val_halves'][REPORT]
     at = lambda rate_of: [r for r in runs if r['lr'] == rate_of(r['variant'])]
-    summary, by_variant = summarize(cfg, variants, seeds, baseline, at(lambda v: chosen[v]['best']), statuses, report_half)
+    summary, by_variant = summarize(cfg, variants, seeds, baseline, at(lambda v: chosen[v]['best']), statuses,
+                                    report_half)
     shared, _ = summarize(cfg, variants, seeds, baseline, at(lambda v: cfg['learning_rate']), statuses, report_half)
     summary['shared'] = {v: {k: s[k] for k in ('final_val_loss', 'diff_to_baseline', 'status')}
                          for v, s in shared['variants'].items()}
-    summary['lr'] = {}
+    summary['lr'], reported = {}, losses_by_rate(runs, statuses, REPORT)
     for v in variants:
-        rates = sorted({r['lr'] for r in runs if r['variant'] == v})
-        loss = {lr: mean_std([final_half(r, statuses[r['dir']], REPORT) for r in runs
-                              if r['variant'] == v and r['lr'] == lr]) for lr in rates}
-        best = chosen[v]['best']
+        rates, best = sorted(reported[v]), chosen[v]['best']
+        loss = {lr: mean_std(reported[v][lr]) for lr in rates}
         near = lambda f: next((loss[r]['mean'] - loss[best]['mean'] for r in rates if math.isclose(r, f * best)
                                and loss[r] and loss[best]), None)
         summary['lr'][v] = {'rates': rates, 'best': best, 'edge': chosen[v]['edge'], 'select_mean': chosen[v]['mean'],
-                            'report': {repr(r): loss[r] for r in rates}, 'sensitivity': {'half': near(0.5), 'double': near(2)}}
+                            'report': {repr(r): loss[r] for r in rates},
+                            'sensitivity': {'half': near(0.5), 'double': near(2)}}
     summary['shared_lr'] = cfg['learning_rate']
     return summary, by_variant
 
@@ -207,11 +213,19 @@ def fmt_count(n):
     return f'{n / 1e6:.2f}M' if n >= 1e6 else f'{n / 1e3:.1f}k' if n >= 1e3 else str(n)
 
 
+def fmt(x, spec, unit='', ci=None):
+    """x in the format `spec` (and its unit), then its interval [lo, hi] where it has one; – for no x."""
+    if x is None:
+        return '–'
+    return f'{x:{spec}}{unit}' + (f' [{ci[0]:{spec}}, {ci[1]:{spec}}]' if ci and None not in ci else '')
+
+
 def fmt_loss(x, signed=False):
     """A loss (signed: a difference of losses) to 4 decimals; a mean_std or stats.paired dict as mean ± std; None: –."""
+    spec = '+.4f' if signed else '.4f'
     if isinstance(x, dict):
-        return fmt_loss(x['mean'], signed) + (f" ± {x['std']:.4f}" if x['std'] is not None else '')
-    return '–' if x is None else f'{x:+.4f}' if signed else f'{x:.4f}'
+        return fmt(x['mean'], spec) + (f" ± {x['std']:.4f}" if x['std'] is not None else '')
+    return fmt(x, spec)
 
 
 def times_note(summary):
@@ -235,7 +249,7 @@ def table(summary):
         res = '' if d is None else 'no (1 seed)' if d['n'] < 2 else (
             f"{'yes' if d['resolved'] else 'no'}" + (f" (t={d['t']:.1f})" if d['t'] is not None else ''))
         total = fmt_count(p['total']) + (f" ({fmt_count(p['active'])} active)" if p['active'] != p['total'] else '')
-        tok_s = '–' if s['tok_s'] is None else format(s['tok_s'], ',.0f')
+        tok_s = fmt(s['tok_s'], ',.0f')
         name = f"{v} | {lr[v]['best']:.3g}" if lr else v
         rows.append(f"| {name} | {total} | {fmt_count(p['ffn'])} | {p['extras']:,} | {val} | {diff} | {res} | {tok_s} | "
                     f"{s['train_time_s']:.1f} s |")
@@ -273,7 +287,7 @@ def time_verdict(m):
 
 def matched_section(summary):
     base = summary['baseline']
-    ratio = lambda x: '–' if x is None else f'{x:.2f}x'
+    ratio = lambda x: fmt(x, '.2f', 'x')
     rows = [f"| {v} | {m['reached']} of {m['seeds']} | {ratio(m['tokens_ratio'])} | {ratio(m['flops_ratio'])} | "
             f"{ratio(m['seconds_ratio'])} | {fmt_loss(m['loss_at_base_time'], signed=True)} | {time_verdict(m)} |"
             for v, s in summary['variants'].items() if v != base and (m := s.get('matched'))]
@@ -291,8 +305,8 @@ def matched_section(summary):
 def learned_section(summary):
     """Per variant and layer, every quantity each part of the layer reported about itself (model.GPT.learned)."""
     # a quantity is a number, or named numbers (e.g. an LA/MoA dictionary's entries)
-    fmt = lambda x: ', '.join(f'{k} {y:.3f}' for k, y in x.items()) if isinstance(x, dict) else f'{x:.3f}'
-    part = lambda name, quantities: f"{name}: " + '; '.join(f'{q} = {fmt(x)}' for q, x in quantities.items())
+    number = lambda x: ', '.join(f'{k} {y:.3f}' for k, y in x.items()) if isinstance(x, dict) else f'{x:.3f}'
+    part = lambda name, quantities: f"{name}: " + '; '.join(f'{q} = {number(x)}' for q, x in quantities.items())
     lines = []
     for v, s in summary['variants'].items():
         if not s['learned']:
