@@ -22,6 +22,7 @@ import compare  # noqa: E402
 import progress  # noqa: E402
 import runs  # noqa: E402
 from configurator import DEFAULTS, TYPES, UserError, run_cli  # noqa: E402
+from rundir import read_json  # noqa: E402
 
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
         '--lr_decay_iters=4', '--warmup_iters=1', '--eval_interval=2', '--eval_iters=2', '--log_interval=1',
@@ -108,7 +109,7 @@ def test_train_all_keeps_two_runs_per_gpu(four_gpus, tmp_path, monkeypatch):
     planned = [runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path)), 'gelu', s) for s in range(12)]
     compare.train_all([(r, 'scratch') for r in planned], cluster.placement(8, four_gpus, 1), 0,
                       progress.PlainProgress(12, 'runs'))
-    records = [json.load(open(os.path.join(r['dir'], runs.RECORD))) for r in planned]
+    records = [read_json(os.path.join(r['dir'], runs.RECORD)) for r in planned]
     assert len(started) == 12 and all(rec['status'] == 'done' for rec in records)
     assert max(p.load for p in started) == 2
     assert collections.Counter(p.gpu for p in started[:8]) == {g: 2 for g in four_gpus}
