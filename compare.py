@@ -24,9 +24,9 @@ import plots
 import report
 from configurator import DEFAULTS as TRAIN_DEFAULTS
 from configurator import TYPES, RunStopped, UserError, check, check_variants, parse_args, run_cli, split_list
-from device import compile_cache_dir
+from device import compile_cache_dir, resolve_device, resolve_dtype
 from progress import progress_bar
-from rundir import LOCK_FD_ENV, check_writable, checkpoint_field, read_log, try_lock_run_dir, write_json
+from rundir import LOCK_FD_ENV, STOPPED, check_writable, checkpoint_field, read_log, try_lock_run_dir, write_json
 from runs import RECORD, command_line, describe_mismatch, make_run, run_state
 
 COMPARE_DEFAULTS = dict(
@@ -80,6 +80,8 @@ def plan(cfg):
         raise UserError(f"--smooth must be in [0, 1), got {cfg['smooth']}.")
     if cfg['init_from'] != 'scratch':
         raise UserError("compare.py resumes cut-off runs by itself; drop --init_from.")
+    if not (cfg['plan'] or cfg['report']):  # the runs train on this machine: a device or dtype it lacks is said now
+        resolve_dtype(cfg['dtype'], resolve_device(cfg['device']).split(':')[0])
     seeds = [cfg['seed'] + i for i in range(cfg['seeds'])]
     sweep = learning_rates(cfg)
     runs = []
@@ -212,21 +214,23 @@ class Job:
                 self.proc.kill()
 
     def finish(self):
-        """Once the child exited: record how it ended and return a line saying so; raise for anything but a stop."""
+        """Once the child exited: record how it ended and return a line saying so. A divergence (train.py leaves
+        stopped.txt) is the run's outcome; any other failure, a full disk included, raises."""
         rc, run = self.proc.returncode, self.run
         tail = last_error_line(self.out_path)
-        self.record.update(status={0: 'done', STOPPED_EXIT: 'stopped'}.get(rc, 'failed'), returncode=rc, message=tail)
+        diverged = rc == STOPPED_EXIT and os.path.exists(os.path.join(run['dir'], STOPPED))
+        self.record.update(status='done' if rc == 0 else 'stopped' if diverged else 'failed', returncode=rc, message=tail)
         write_json(os.path.join(run['dir'], RECORD), self.record)
         if rc == 2:  # a user mistake in the settings: train.py said what to do
             raise UserError(f"{tail.removeprefix('error: ').rstrip('.')} (the {run['variant']} run, seed {run['seed']}).")
         if rc in (130, -signal.SIGINT):
             raise KeyboardInterrupt
-        if rc not in (0, STOPPED_EXIT):
+        if rc != 0 and not diverged:
             raise RunStopped(f"training {run['variant']} (seed {run['seed']}) failed with exit status {rc}: {tail}; "
                              f"see {self.out_path}, fix it and run the same command again to continue.")
         how = f"resumed from iteration {self.resumed_from}" if self.resumed_from is not None else 'trained'
         line = f"{self.name}: {how} in {time.time() - self.t0:.0f} s"
-        if rc == STOPPED_EXIT:
+        if diverged:
             return line + f", STOPPED: {tail}"
         val = next((r['val_loss'] for r in reversed(read_log(self.log_path)) if 'val_loss' in r), None)
         return line + (f", final val loss {val:.4f}" if val is not None else '')

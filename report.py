@@ -89,10 +89,10 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses, loss_of=lambda r: 
     chosen = {k: cfg[k] for k in DEFAULTS if identifies(k) and cfg[k] != DEFAULTS[k] and k not in shown
               and k not in ('ffn', 'seed')}  # those two are set per run by compare.py
     # the times depend on whether the runs were compiled and how many trained side by side
-    compiled = {checkpoint_field(r['dir'], 'compiled') for r in runs}
+    compiled = {checkpoint_field(r['dir'], 'compiled') for r in runs} - {None}  # None: no checkpoint to say
     at_once = {(read_json(os.path.join(r['dir'], RECORD)) or {}).get('at_once') for r in runs}
     out = {'baseline': baseline, 'seeds': seeds, 'dataset': cfg['dataset'],
-           'compiled': 'on' if compiled == {True} else 'off' if compiled == {False} else 'mixed',
+           'compiled': 'mixed' if len(compiled) > 1 else 'on' if compiled == {True} else 'off',
            'at_once': at_once.pop() if len(at_once) == 1 else 'mixed', 'settings': {**shown, **chosen},
            'damaged_lines': damaged, 'variants': {}}
     models = {v: meta_model(next(r for r in runs if r['variant'] == v)['settings'], cfg['data_dir']) for v in variants}
@@ -365,7 +365,8 @@ def write_markdown(path, summary):
         lines += ['WARNING: runs of the same seed saw different training batches (batch_hash differs).', '']
     if summary['same_val_windows'] is False:
         lines += ['WARNING: runs were evaluated on different validation windows (val_hash differs).', '']
-    lines += [f"{v} seed {r['seed']} stopped at iteration {r['iters']} (see {r['dir']}/train.out).\n"
+    lines += [f"{v} seed {r['seed']} stopped: it diverged after its last logged iteration, {r['iters']} (see "
+              f"{r['dir']}/stopped.txt).\n"
               for v, s in summary['variants'].items() for r in s['runs'] if r['status'] != 'done']
     lines += (lr_section(summary) if summary.get('lr') else []) + matched_section(summary) + learned_section(summary)
     lines += ['![loss curves](loss.png)', ''] + acts_section(summary)

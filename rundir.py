@@ -5,7 +5,7 @@ Every file is written into a temporary file beside its place, synced and renamed
 read-only folder leaves what was there before intact and no temporary file behind; a failure to write stops the
 command with one sentence (RunStopped, exit status 3). log.jsonl is the one file appended to: a line that is not a
 record as train.py writes it is set aside when read. A run directory holds ckpt.pt, log.jsonl, .lock (its owner) and
-stopped.txt (why it stopped; the next try removes it).
+stopped.txt (why it diverged; the next try removes it).
 """
 import fcntl
 import json
@@ -32,7 +32,7 @@ def write_failed(path, e):
     """The one-sentence stop of a write that failed."""
     reason = getattr(e, 'strerror', None) or (str(e).splitlines() or [type(e).__name__])[0]
     return RunStopped(f"could not write {path} ({reason}); what was there before is unchanged: free some space or "
-                      f"make the folder writable, then run the same command again.")
+                      f"make the folder writable, then try again.")
 
 
 def write_file(path, write, binary=False):

@@ -50,7 +50,7 @@ def found_settings(d):
     if isinstance(config, dict):
         return identity(config, checkpoint_field(d, 'world_size') or 1)
     record = read_json(os.path.join(d, RECORD)) or {}
-    if isinstance(record.get('settings'), dict):
+    if isinstance(record.get('settings'), dict) and record.get('status') != 'failed':  # a failed try: nothing to keep
         return identity(record['settings'], record.get('processes', 1))
     return None
 
@@ -65,8 +65,7 @@ def run_state(run):
     log = read_log(os.path.join(d, 'log.jsonl'))
     if log and log[-1]['iter'] == run['settings']['max_iters'] and 'val_loss' in log[-1]:
         return 'done'
-    record = read_json(os.path.join(d, RECORD)) or {}
-    if os.path.exists(os.path.join(d, STOPPED)) or record.get('status') == 'stopped':
+    if os.path.exists(os.path.join(d, STOPPED)):  # it diverged (train.py's note): its outcome at these settings
         return 'stopped'
     saved = checkpoint_field(d, 'iter_num')
     if saved is None:

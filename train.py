@@ -18,8 +18,8 @@ Worth knowing:
   k follows line k, and a resumed run drops any line past its checkpoint before appending.
 - init_from=resume takes the settings saved in out_dir/ckpt.pt and applies only what you pass on top; the model keys
   and the data stream (dataset, batch_size, block_size, seed) cannot change. One run per out_dir (a lock).
-- A run stops (exit status 3, its reason in out_dir/stopped.txt) when a loss or the weights become non-finite or a
-  file cannot be written; a checkpoint only ever holds finite weights. NANOFFN_NAN_AT=k makes iteration k's loss NaN.
+- A run stops (exit status 3) when a loss or the weights become non-finite (its reason then in out_dir/stopped.txt)
+  or a file cannot be written; a checkpoint only ever holds finite weights. NANOFFN_NAN_AT=k makes iteration k's loss NaN.
 """
 import hashlib
 import json
@@ -43,6 +43,10 @@ from rundir import (STOPPED, append_log, load_checkpoint, lock_run_dir, model_st
                     write_text)
 
 DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
+
+
+class Diverged(RunStopped):
+    """A loss or the weights became non-finite: the run's outcome at these settings, kept in out_dir/stopped.txt."""
 
 
 def settings(argv):
@@ -275,9 +279,9 @@ class Trainer:
         so it cannot see the update that broke the weights: the weights and the validation loss can."""
         finite = math.isfinite(val_loss) and all(bool(p.isfinite().all()) for p in self.raw_model.parameters())
         if not finite:
-            raise RunStopped(f"the weights became non-finite at iteration {self.iter_num} (validation loss {val_loss}),"
-                             f" so the run stopped and {self.last_checkpoint()}; {DIVERGED_HINT}, then resume or start "
-                             f"again.")
+            raise Diverged(f"the weights became non-finite at iteration {self.iter_num} (validation loss {val_loss}), "
+                           f"so the run stopped and {self.last_checkpoint()}; {DIVERGED_HINT}, then resume or start "
+                           f"again.")
 
     def last_checkpoint(self):
         if self.saved_iter is not None:
@@ -343,7 +347,7 @@ class Trainer:
         return parts, grad_norm
 
     def log_record(self, window, dt, lr, grad_norm):
-        """A log line's record from the per-step losses since the last one, averaged over processes; a RunStopped
+        """A log line's record from the per-step losses since the last one, averaged over processes; Diverged
         naming the first step whose loss was not finite."""
         losses = torch.stack(window)  # (steps in window, 4)
         if self.ddp:
@@ -353,9 +357,9 @@ class Trainer:
         bad = (~torch.isfinite(losses[:, :2])).any(1).nonzero()
         if len(bad):
             k = self.iter_num - len(window) + int(bad[0]) + 1  # the iteration this step completed, as in the log
-            raise RunStopped(f"the training loss became non-finite ({losses[int(bad[0]), 0].item()}) at iteration "
-                             f"{k}, so the run stopped and {self.last_checkpoint()}; {DIVERGED_HINT}, then resume or "
-                             f"start again.")
+            raise Diverged(f"the training loss became non-finite ({losses[int(bad[0]), 0].item()}) at iteration "
+                           f"{k}, so the run stopped and {self.last_checkpoint()}; {DIVERGED_HINT}, then resume or "
+                           f"start again.")
         total, ce, aux, z = losses[-1].tolist()
         peak = device.peak_flops(self.device_type, self.cfg['peak_flops'])
         record = {'iter': self.iter_num, 'tokens': self.tokens, 'lr': lr, 'loss': ce, 'ms': dt * 1000.0,
@@ -415,7 +419,9 @@ class Trainer:
                 window, t_window, c_window = [], time.time(), compiling()  # evaluation and checkpoints left out
         except BaseException as e:
             pbar.leave = False  # a run that stops says one sentence on stderr: the bar makes way for it
-            if isinstance(e, RunStopped) and self.master:  # and leaves it in its directory, for compare.py to read
+            # a diverged run leaves why in its directory: compare.py counts it as a result, never to retrain; any other
+            # stop (a failed write) is not one, so the same command again continues the run
+            if isinstance(e, Diverged) and self.master:
                 try:
                     write_text(os.path.join(self.out_dir, STOPPED), f"{e}\n")
                 except RunStopped:

@@ -11,6 +11,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -20,8 +21,9 @@ sys.path.insert(0, REPO)
 
 import compare
 import report
+import rundir
 import runs
-from configurator import GPTConfig, run_cli
+from configurator import GPTConfig, RunStopped, run_cli
 from model import GPT
 
 VARIANTS = ['gelu', 'moa']  # a fixed activation and one that logs what it learned ('act')
@@ -188,7 +190,7 @@ def test_stopped_and_cut_off_runs(compared, shakespeare_char_dir, tmp_path, monk
     moa = summary['variants']['moa']
     assert moa['status'] == 'stopped' and [r['status'] for r in moa['runs']] == ['done', 'stopped']
     assert moa['final_val_loss']['n'] == 1  # the stopped seed has no final loss to average
-    assert 'stopped at iteration 2' in open(os.path.join(moved, 'summary.md')).read()
+    assert 'diverged after its last logged iteration, 2 ' in open(os.path.join(moved, 'summary.md')).read()
     monkeypatch.delenv('NANOFFN_NAN_AT')
     assert '(4 to reuse, 0 to train)' in run_compare(argv)  # a stop is a result: the same command does not retry it
 
@@ -218,6 +220,8 @@ def test_stopped_and_cut_off_runs(compared, shakespeare_char_dir, tmp_path, monk
     (['--seeds=0'], 'seeds'),
     (['--n_layers=2'], 'n_layer'),
     (['--dataset=openwebtext'], 'not prepared'),  # checked before any run starts (bundled ones are prepared)
+    (['--device=cuda:99'], 'GPU'),  # a device or dtype this machine lacks: said here, not by each train.py
+    (['--dtype=fp16'], 'dtype'),
 ])
 def test_user_mistakes(extra, words, shakespeare_char_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
@@ -225,6 +229,47 @@ def test_user_mistakes(extra, words, shakespeare_char_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and words in err and len(err.strip().splitlines()) == 1
     assert not os.path.exists(tmp_path / 'cmp' / 'gelu')
+
+
+def test_only_a_diverged_run_is_an_outcome(tmp_path):
+    """Exit status 3 with stopped.txt (train.py's note of a divergence) is the run's outcome: recorded as stopped and
+    reused. Without it (a full disk) it is a failure: the comparison stops, and the same command again continues the
+    run, even with its settings corrected, since a failed try holds nothing to keep."""
+    cfg = compare.settings([f'--out_dir={tmp_path}', '--variants=gelu', '--seeds=1', *TINY])
+    (run,) = compare.plan(cfg)[3]
+    os.makedirs(run['dir'])
+    job = compare.Job.__new__(compare.Job)  # as Job.__init__ leaves it once its train.py has exited with status 3
+    job.run, job.t0, job.name, job.resumed_from = run, 0.0, run['name'], None
+    job.log_path, job.out_path = os.path.join(run['dir'], 'log.jsonl'), os.path.join(run['dir'], 'train.out')
+    job.record, job.proc = dict(settings=run['settings'], processes=1, status='running'), types.SimpleNamespace(
+        returncode=compare.STOPPED_EXIT)
+    with open(job.out_path, 'w') as f:
+        f.write("$ train.py\nstopped: could not write ckpt.pt (No space left on device); free some space.\n")
+    with pytest.raises(RunStopped, match='No space left'):
+        job.finish()
+    record = os.path.join(run['dir'], runs.RECORD)
+    assert rundir.read_json(record)['status'] == 'failed' and runs.run_state(run) == 'scratch'
+    rundir.write_json(record, {'settings': {**run['settings'], 'n_embd': 64}, 'processes': 1, 'status': 'failed'})
+    assert runs.run_state(run) == 'scratch'  # not 'mismatch': nothing was trained with those settings
+    diverged = "the training loss became non-finite (nan) at iteration 3, so the run stopped"
+    for path, text in ((os.path.join(run['dir'], 'stopped.txt'), diverged), (job.out_path, f"$ train.py\nstopped: {diverged}")):
+        with open(path, 'w') as f:
+            f.write(text + '\n')
+    assert job.finish().endswith(f'STOPPED: stopped: {diverged}')
+    assert rundir.read_json(record)['status'] == 'stopped' and runs.run_state(run) == 'stopped'
+
+
+def test_a_run_without_a_checkpoint_does_not_make_the_times_mixed(tmp_path):
+    """Whether times are compiled comes from the runs' checkpoints: one that stopped before its first says nothing."""
+    cfg = compare.settings([f'--out_dir={tmp_path}', '--variants=gelu,relu2', '--seeds=1', '--vocab_size=65', *TINY])
+    planned = compare.plan(cfg)[3]
+    for r in planned:
+        os.makedirs(r['dir'])
+        rundir.append_log(os.path.join(r['dir'], 'log.jsonl'), {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
+    torch.save({'compiled': False}, os.path.join(planned[0]['dir'], 'ckpt.pt'))
+    summary, _ = report.summarize(cfg, ['gelu', 'relu2'], [1337], 'gelu', planned,
+                                  {planned[0]['dir']: 'done', planned[1]['dir']: 'stopped'})
+    assert summary['compiled'] == 'off'
 
 
 def test_a_bundled_dataset_is_prepared_on_demand(tmp_path):
@@ -238,7 +283,7 @@ def test_a_bundled_dataset_is_prepared_on_demand(tmp_path):
 @pytest.mark.parametrize('name', ['compare_shakespeare_char', 'compare_owt_dense', 'compare_owt_moe'])
 def test_configs_plan(name):
     """Each shipped comparison config parses and plans (valid variants, baseline, keys) without training anything."""
-    cfg = compare.settings([os.path.join(REPO, 'config', f'{name}.py')])
+    cfg = compare.settings([os.path.join(REPO, 'config', f'{name}.py'), '--plan'])  # planned for a GPU elsewhere
     variants, seeds, baseline, planned = compare.plan(cfg)
     rates = compare.learning_rates(cfg) or [None]
     assert baseline == 'gelu' and len(planned) == len(variants) * len(seeds) * len(rates)
