@@ -272,7 +272,7 @@ def train_all(todo, slots, threads, pbar):
                     continue
                 slot = free.pop(0)
                 mode = mode if state == 'mismatch' else START[state]  # other settings: as todo_of allowed
-                active.append(Job(run, mode, threads, lock, slot, slots[slot], len(slots)))
+                active.append(Job(run, mode, threads, lock, slot, slots[slot], min(len(slots), len(todo))))
             time.sleep(0.5)
             for job in [j for j in active if j.proc.poll() is not None]:
                 active.remove(job)

@@ -195,7 +195,8 @@ def summarize_sweep(cfg, variants, seeds, baseline, runs, statuses):
     summary['lr'], reported = {}, losses_by_rate(runs, statuses, REPORT)
     for v in variants:
         rates, best = sorted(reported[v]), chosen[v]['best']
-        loss = {lr: mean_std(reported[v][lr]) for lr in rates}
+        # a rate where a seed diverged is a failure there, as in the choice: no mean of the seeds that survived
+        loss = {lr: None if None in reported[v][lr] else mean_std(reported[v][lr]) for lr in rates}
         near = lambda f: next((loss[r]['mean'] - loss[best]['mean'] for r in rates if math.isclose(r, f * best)
                                and loss[r] and loss[best]), None)
         summary['lr'][v] = {'rates': rates, 'best': best, 'edge': chosen[v]['edge'], 'select_mean': chosen[v]['mean'],
@@ -263,13 +264,15 @@ def lr_section(summary):
         best = f"**{x['best']:.3g}**" + (f" ({x['edge']} edge)" if x['edge'] else '')
         half, double = (fmt_loss(x['sensitivity'][k], signed=True) for k in ('half', 'double'))
         diff = 'baseline' if v == base else fmt_loss(shared[v]['diff_to_baseline'], signed=True)
-        rows.append(f"| {v} | {', '.join(f'{r:.3g}' for r in x['rates'])} | {best} | {half} | {double} | "
-                    f"{fmt_loss(shared[v]['final_val_loss'])} | {diff} |")
+        rates = ', '.join(f'{r:.3g}' + '†' * (x['report'][repr(r)] is None) for r in x['rates'])
+        rows.append(f"| {v} | {rates} | {best} | {half} | {double} | {fmt_loss(shared[v]['final_val_loss'])} | {diff} |")
+    failed = any(None in x['report'].values() for x in summary['lr'].values())
     return ['## Learning rates', '',
             "Best: the rate with the lowest mean final loss over seeds on the first half of the validation windows; "
             "every loss here is on the second half, which the choice never reads. min_lr keeps its ratio to the rate. "
             "Edge: the best is the smallest or largest rate tried (--lr_extend=True tries beyond). ½x, 2x: the loss "
-            f"there minus at the best. Shared: all at {summary['shared_lr']:.3g}, as without a sweep.", '',
+            f"there minus at the best. Shared: all at {summary['shared_lr']:.3g}, as without a sweep."
+            + (" †: a seed diverged at that rate, a failure there (no loss)." if failed else ''), '',
             '![loss against learning rate](lr.png)', '',
             f'| variant | rates tried | best | ½x best | 2x best | at the shared rate | Δ vs {base} at the shared rate |',
             '|---|---|---|---:|---:|---:|---:|'] + rows + ['']

@@ -114,13 +114,14 @@ def loss_at(x, loss, budget):
 def choose_rate(losses):
     """losses: {rate: [final loss per seed, None for a run that failed]}. The rate whose mean over seeds is lowest (a
     rate with a failed seed counts as a failure, never a choice unless every rate failed); 'edge': 'low' or 'high'
-    when that is the smallest or largest rate tried (the optimum may lie beyond), else None."""
+    when that is the smallest or largest rate tried (the optimum may lie beyond), else None; 'mean' per rate, None
+    for a failure."""
     mean = {r: statistics.fmean(v) if v and None not in v and all(map(math.isfinite, v)) else math.inf
             for r, v in losses.items()}
     rates = sorted(mean)
     best = min(rates, key=lambda r: (mean[r], r))
     edge = None if len(rates) < 2 else 'low' if best == rates[0] else 'high' if best == rates[-1] else None
-    return {'best': best, 'edge': edge, 'mean': {repr(r): m for r, m in mean.items()}}
+    return {'best': best, 'edge': edge, 'mean': {repr(r): m if m < math.inf else None for r, m in mean.items()}}
 
 
 def compute_for_loss(fit, loss):

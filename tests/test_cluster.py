@@ -110,9 +110,13 @@ def test_train_all_keeps_two_runs_per_gpu(four_gpus, tmp_path, monkeypatch):
     compare.train_all([(r, 'scratch') for r in planned], cluster.placement(8, four_gpus, 1), 0,
                       progress.PlainProgress(12, 'runs'))
     records = [read_json(os.path.join(r['dir'], runs.RECORD)) for r in planned]
-    assert len(started) == 12 and all(rec['status'] == 'done' for rec in records)
+    assert len(started) == 12 and all(rec['status'] == 'done' and rec['at_once'] == 8 for rec in records)
     assert max(p.load for p in started) == 2
     assert collections.Counter(p.gpu for p in started[:8]) == {g: 2 for g in four_gpus}
+    # one run left to train has 8 slots to itself: it trains alone, and its record says so (its tok/s depend on it)
+    compare.train_all([(runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path / 'one')), 'gelu', 0), 'scratch')],
+                      cluster.placement(8, four_gpus, 1), 0, progress.PlainProgress(1, 'runs'))
+    assert read_json(os.path.join(tmp_path, 'one', 'gelu', 'seed0', runs.RECORD))['at_once'] == 1
 
 
 # ----------------------------------------------------------------------------------------------------------------------

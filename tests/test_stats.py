@@ -165,6 +165,7 @@ def test_the_chosen_rate_is_the_known_optimum_and_an_edge_is_flagged():
     losses = synthetic_sweep(grid[2], grid)
     losses[grid[2]][1] = None
     assert stats.choose_rate(losses)['best'] in (grid[1], grid[3]) and stats.choose_rate(losses)['edge'] is None
+    assert stats.choose_rate(losses)['mean'][repr(grid[2])] is None  # JSON has no Infinity
 
 
 def test_compute_multiplier_recovers_a_known_compute_shift_within_its_interval():

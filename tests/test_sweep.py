@@ -115,6 +115,23 @@ def test_sweep_settings_are_checked_up_front(tmp_path):
     assert grid == pytest.approx([5e-4, 1e-3, 2e-3, 4e-3, 8e-3]) and 2e-3 in grid
 
 
+def test_a_rate_where_a_seed_diverged_is_a_failure_there(tmp_path):
+    """One seed of gelu diverged at 4e-3, its best rate otherwise: the choice moves to 2e-3, the report shows no
+    loss at 4e-3 (not the surviving seed's), marks the rate, and summary.json stays plain JSON (no Infinity)."""
+    cfg = settings(tmp_path / 'cmp', '--lr_extend=False')
+    planned = compare.plan(cfg)[3]
+    for r in planned:
+        finish(r, u_loss(r, 0), u_loss(r, 1))
+    statuses = {r['dir']: 'stopped' if (r['variant'], r['lr'], r['seed']) == ('gelu', 4e-3, 1338) else 'done'
+                for r in planned}
+    summary, _ = report.summarize_sweep(cfg, ['gelu', 'swiglu'], [1337, 1338], 'gelu', planned, statuses)
+    gelu = summary['lr']['gelu']
+    assert gelu['best'] == 2e-3 and gelu['report'][repr(4e-3)] is None and gelu['select_mean'][repr(4e-3)] is None
+    assert gelu['sensitivity']['double'] is None and gelu['report'][repr(1e-3)]['n'] == 2
+    json.dumps(summary, allow_nan=False)
+    assert '| gelu | 0.001, 0.002, 0.004† |' in '\n'.join(report.lr_section(summary))
+
+
 @pytest.mark.slow
 def test_a_tiny_sweep_end_to_end_reused_and_planned(shakespeare_char_dir, tmp_path, capsys):
     """2 variants x 2 seeds x 3 rates trained for real; the same command again reuses all 12; --plan lists the rate
