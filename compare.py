@@ -51,6 +51,7 @@ DEFAULT_CONFIG = 'config/compare_shakespeare_char.py'  # what `python compare.py
 BUNDLED = ('shakespeare_char', 'shakespeare')  # built from the corpus in the repo in seconds, so prepared on demand
 STOPPED_EXIT = 3  # train.py's exit status for a run that stopped
 MAX_EXTEND = 3  # --lr_extend tries at most this many rates beyond each edge of the grid
+MAX_GRID = 10  # --lr_grid=K spans learning_rate x 2^-K .. 2^K: past 2^10 either way is a typo, not a sweep
 FINISHED = ('done', 'stopped')  # run states that are results: reused, never trained again
 START = dict(scratch='scratch', resume='resume', mismatch='overwrite', retrain='overwrite')  # a run to do, by state
 
@@ -98,19 +99,20 @@ def learning_rates(cfg):
     """The rates of a sweep (sorted), or [] without one; the shared learning_rate is always among them."""
     if cfg['lrs'] and cfg['lr_grid']:
         raise UserError("--lrs lists the rates and --lr_grid makes them around learning_rate; give one of them.")
-    if cfg['lr_grid'] < 0:
-        raise UserError(f"--lr_grid must be at least 0, got {cfg['lr_grid']}.")
+    if not 0 <= cfg['lr_grid'] <= MAX_GRID:
+        raise UserError(f"--lr_grid must be between 0 and {MAX_GRID}, got {cfg['lr_grid']}.")
     try:
         rates = sorted({float(r) for r in split_list(cfg['lrs'])})
     except ValueError:
         raise UserError(f"--lrs expects comma-separated numbers, e.g. 1e-3,2e-3,4e-3; got '{cfg['lrs']}'.") from None
-    if not all(0 < r < float('inf') for r in rates):
-        raise UserError(f"--lrs must be finite rates above 0, got '{cfg['lrs']}'.")
     if rates and cfg['learning_rate'] not in rates:
         raise UserError(f"--lrs must include learning_rate={cfg['learning_rate']:g}, whose answer the sweep is compared "
                         f"with; add it or set --learning_rate to one of them.")
     if cfg['lr_grid']:
         rates = [cfg['learning_rate'] * 2.0 ** j for j in range(-cfg['lr_grid'], cfg['lr_grid'] + 1)]
+    if not all(0 < r < float('inf') for r in rates):
+        given = f"--lrs='{cfg['lrs']}'" if cfg['lrs'] else f"--lr_grid around learning_rate={cfg['learning_rate']:g}"
+        raise UserError(f"a sweep's rates must be finite and above 0, but {given} gives {min(rates):g}..{max(rates):g}.")
     if rates and cfg['eval_iters'] < 2:
         raise UserError("a learning-rate sweep chooses on half of the validation batches and reports on the other "
                         "half; give --eval_iters of at least 2.")

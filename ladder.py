@@ -67,10 +67,11 @@ def size_settings(cfg):
         if cfg['tokens_per_param'] > 0:
             # tokens per iteration, over all the run's processes (each DDP process trains on batches of its own)
             per_iter = cfg['batch_size'] * cfg['block_size'] * cfg['gradient_accumulation_steps'] * cfg['nproc_per_run']
-            iters = max(1, math.ceil(cfg['tokens_per_param'] * n_params / per_iter))
-            if iters > MAX_ITERS:
-                raise UserError(f"--tokens_per_param={cfg['tokens_per_param']:g} asks for {iters:,} iterations at size "
+            iters = cfg['tokens_per_param'] * n_params / per_iter
+            if iters > MAX_ITERS:  # checked before rounding up: an overflowed budget is inf
+                raise UserError(f"--tokens_per_param={cfg['tokens_per_param']:g} asks for {iters:.3g} iterations at size "
                                 f"{size['name']}; give a budget of at most {MAX_ITERS:,} iterations.")
+            iters = max(1, math.ceil(iters))
             f = iters / cfg['max_iters']
             s.update(max_iters=iters, warmup_iters=round(cfg['warmup_iters'] * f),
                      lr_decay_iters=round(cfg['lr_decay_iters'] * f), eval_interval=max(1, round(cfg['eval_interval'] * f)))

@@ -58,8 +58,9 @@ def test_size_settings_token_budget_and_learning_rate_rules(shakespeare_char_dir
     assert first['settings']['learning_rate'] == pytest.approx(1e-3)
     fixed = ladder.size_settings({**cfg, 'tokens_per_param': 0.0, 'lr_rule': 'fixed'})[1]['settings']
     assert fixed == dict(n_layer=3, n_embd=128, n_head=4, out_dir=os.path.join('L', '3x128'))  # the comparison's own
-    with pytest.raises(UserError, match='iterations'):  # a budget no one means
-        ladder.size_settings({**cfg, 'tokens_per_param': 1e30})
+    for k in (1e30, 1e305):  # a budget no one means, and one whose product with N overflows to inf
+        with pytest.raises(UserError, match='iterations'):
+            ladder.size_settings({**cfg, 'tokens_per_param': k})
 
 
 @pytest.mark.parametrize('moe', [False, True])
