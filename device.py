@@ -11,6 +11,9 @@ from configurator import UserError
 
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 PEAK_FLOPS = [('H100', 989e12), ('H200', 989e12), ('A100', 312e12)]  # bf16 dense, per GPU
+# the user's choice, read at import: Inductor writes its own default (/tmp/torchinductor_USER) into the variable as soon
+# as anything loads it (building AdamW does), and that must not pass for a choice
+USER_CACHE_DIR = os.environ.get('TORCHINDUCTOR_CACHE_DIR')
 
 
 def resolve_device(name):
@@ -69,7 +72,7 @@ def compile_cache_dir():
     """Where torch.compile keeps what it built, so that every later run tracing the same graph loads it instead of
     compiling it: $TORCHINDUCTOR_CACHE_DIR, else ~/.cache/nanoffn/torchinductor. Deleting it is safe."""
     base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-    return os.environ.get('TORCHINDUCTOR_CACHE_DIR') or os.path.join(base, 'nanoffn', 'torchinductor')
+    return USER_CACHE_DIR or os.path.join(base, 'nanoffn', 'torchinductor')
 
 
 def compile_model(model, mode):

@@ -367,8 +367,8 @@ class Trainer:
                   'mfu': self.raw_model.estimate_mfu(self.tokens_per_iter // self.world_size, dt, peak) if peak else None}
         if self.raw_model.config.n_expert > 0:
             record.update(loss_total=total, aux=aux, z=z)
-        if grad_norm is not None:
-            record['grad_norm'] = grad_norm.item()
+        if grad_norm is not None:  # not finite where float16's loss scaler skips a step (and lowers its scale)
+            record['grad_norm'] = norm if math.isfinite(norm := grad_norm.item()) else None
         return record
 
     def evaluation(self, record):
@@ -430,8 +430,9 @@ class Trainer:
         finally:
             self.close(pbar)
         if self.master:
-            print(f"done: {self.iter_num} iterations, {self.tokens:,} tokens, best val loss {self.best_val_loss:.4f}, "
-                  f"checkpoint {self.ckpt_path}")
+            print(f"done: {self.iter_num} iterations, {self.tokens:,} tokens, " + (
+                f"best val loss {self.best_val_loss:.4f}, checkpoint {self.ckpt_path}" if self.saved_iter is not None
+                else "no checkpoint (max_iters=0 evaluates the untrained model only)"))
             if self.use_compile:  # graphs built, and what the on-disk cache served
                 print('compile: ' + json.dumps(device.compile_stats()))
 

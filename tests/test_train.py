@@ -249,3 +249,34 @@ def test_device_names_are_checked(monkeypatch):
     assert resolve_device('cuda:1') == 'cuda:1'
     with pytest.raises(UserError, match='2 CUDA GPU'):
         resolve_device('cuda:2')
+
+
+def test_the_compile_cache_is_the_documented_one_after_inductor_has_loaded(tmp_path):
+    """Building AdamW loads Inductor, which writes its own default (/tmp/torchinductor_USER) into
+    TORCHINDUCTOR_CACHE_DIR: the cache train.py uses stays ~/.cache/nanoffn/torchinductor unless the user set one."""
+    code = ("import device, model, configurator; m = model.GPT(configurator.GPTConfig(n_layer=1, n_head=2, n_embd=32, "
+            "vocab_size=65)); m.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu'); print(device.compile_cache_dir())")
+    clean = {k: v for k, v in env(XDG_CACHE_HOME=str(tmp_path)).items() if k != 'TORCHINDUCTOR_CACHE_DIR'}
+    for extra, want in (({}, os.path.join(str(tmp_path), 'nanoffn', 'torchinductor')),
+                        ({'TORCHINDUCTOR_CACHE_DIR': '/elsewhere'}, '/elsewhere')):
+        p = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, env={**clean, **extra})
+        assert p.stdout.strip() == want, p.stderr[-2000:]
+
+
+def test_a_float16_run_logs_records_that_read_back(shakespeare_char_dir, tmp_path):
+    """float16's loss scaler skips its first steps (their gradient norm is not finite): their lines are still records
+    (grad_norm null), so resuming keeps them instead of moving them to log.jsonl.damaged."""
+    from rundir import read_log_lines
+    out = str(tmp_path / 'run')
+    train_here(shakespeare_char_dir, out, '--dtype=float16', '--max_iters=3', '--eval_interval=3', '--block_size=1',
+               '--batch_size=1')  # a shape whose first scaled gradients overflow float16
+    records, damaged = read_log_lines(os.path.join(out, 'log.jsonl'))
+    assert not damaged and [r['iter'] for r in records] == [0, 1, 2, 3] and records[1]['grad_norm'] is None
+
+
+def test_max_iters_0_names_no_checkpoint(shakespeare_char_dir, tmp_path, capsys):
+    """A run of 0 iterations evaluates the untrained model and writes no checkpoint, so its last line names none."""
+    train_here(shakespeare_char_dir, str(tmp_path / 'run'), '--max_iters=0')
+    done = capsys.readouterr().out.splitlines()[-1]
+    assert done.startswith('done: 0 iterations') and 'no checkpoint' in done
+    assert not os.path.exists(tmp_path / 'run' / 'ckpt.pt')
