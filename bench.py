@@ -88,7 +88,8 @@ def setup(cfg):
     dtype = hw.resolve_dtype(cfg["dtype"], device.split(":")[0])
     if dtype == "float16":  # would need a GradScaler: not worth it for a benchmark
         raise UserError("--dtype expects auto, float32 or bfloat16 (float16 is not benchmarked), got 'float16'.")
-    for key in ("repeats", "profile_steps", "warmup"):  # warmup: the first step compiles and allocates, never timed
+    # warmup: the first step compiles and allocates, never timed; vocab_size: bench has no dataset to take one from
+    for key in ("repeats", "profile_steps", "warmup", "vocab_size"):
         if cfg[key] < 1:
             raise UserError(f"--{key} must be at least 1, got {cfg[key]}.")
     if cfg["profile"]:

@@ -19,7 +19,7 @@ from contextlib import contextmanager, suppress
 
 import torch
 
-from configurator import RunStopped, UserError
+from configurator import MODEL_KEYS, RunStopped, UserError
 
 STOPPED = 'stopped.txt'
 LOCK_FD_ENV = 'NANOFFN_LOCK_FD'  # compare.py hands the lock it took for a run to the train.py it starts
@@ -118,8 +118,9 @@ def load_checkpoint(out_dir, missing_hint):
         raise UserError(f"there is no checkpoint at {path}; {missing_hint}")
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True)
-        for key in ('model_args', 'config', 'iter_num'):
-            ckpt[key]
+        if not (set(MODEL_KEYS) <= set(ckpt['model_args']) and isinstance(ckpt['config'], dict)):
+            raise KeyError('model_args')  # e.g. nanoGPT's, which lacks this project's model keys (ffn, norm, ...)
+        ckpt['iter_num']
         finite = all(bool(v.isfinite().all()) for v in ckpt['model'].values() if v.is_floating_point())
     except Exception as e:
         raise UserError(f"cannot read the checkpoint {path} ({type(e).__name__}); it is not a train.py checkpoint or "

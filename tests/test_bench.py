@@ -68,6 +68,7 @@ def test_ratios_are_against_the_baseline_of_the_same_run(report):
 def test_user_mistakes_are_one_sentence_errors():
     for args, words in [(["--variants=gelu,nope"], "unknown ffn"), (["--compile=maybe"], "--compile"),
                         (["--n_head=3"], "divisible"), (["--profile=nope"], "unknown ffn"),
+                        (["--vocab_size=0"], "--vocab_size must be at least 1"),
                         (["--json=/proc/nope/bench.json"], "cannot create the folder")]:  # before the work
         with pytest.raises(UserError, match=words):
             bench.main(TINY + ["--repeats=1", "--json="] + args)

@@ -512,6 +512,8 @@ def scripts(monkeypatch):
     ("openwebtext", ["--subsets=0-2", "--num_subsets=3"], "either --subsets or --num_subsets"),
     ("openwebtext", ["--subsets=30"], "there is no subset 30"),
     ("openwebtext", ["--val_fraction=2"], "--val_fraction must be between 0 and 1"),
+    ("openwebtext", ["--num_threads=-1"], "--num_threads must be at least 0"),
+    ("openwebtext", ["--subsets=0,5-3"], "a range goes from low to high"),
     ("openwebtext", ["--shard_tokens=0"], "--shard_tokens must be at least 1"),
     ("openwebtext", ["--subset=1"], "unknown config key 'subset' (did you mean 'subsets'"),
     ("text", ["--val_fraction=abc"], "--val_fraction expects a float"),

@@ -125,6 +125,13 @@ def foreign_checkpoint(w, tmp):
     return ['--init_from=resume', f'--out_dir={tmp}']
 
 
+def nanogpt_checkpoint(w, tmp):
+    """nanoGPT's ckpt.pt (its default out_dir is also 'out'): the same top-level keys, but not this project's model."""
+    torch.save({'model': {}, 'optimizer': {}, 'iter_num': 100, 'best_val_loss': 1.5, 'config': {}, 'model_args': dict(
+        n_layer=1, n_head=2, n_embd=32, block_size=32, bias=False, vocab_size=65, dropout=0.0)}, tmp / 'ckpt.pt')
+    return [f'--out_dir={tmp}']
+
+
 def nonfinite_checkpoint(resume):
     def make(w, tmp):
         ckpt = torch.load(os.path.join(w.run, 'ckpt.pt'), weights_only=True)
@@ -180,6 +187,7 @@ CASES = [
      ['train_000.bin holds token id 50256']),
     # checkpoints
     ('resume from a torch file that is not a checkpoint', train, foreign_checkpoint, 2, ['not a train.py checkpoint']),
+    ('sample a nanoGPT checkpoint', sample, nanogpt_checkpoint, 2, ['not a train.py checkpoint']),
     ('sample without checkpoint', sample, lambda w, tmp: [f'--out_dir={tmp}'], 2, ['ckpt.pt', 'train']),
     ('resume from a non-finite checkpoint', train, nonfinite_checkpoint(True), 2, ['non-finite weights']),
     ('sample a non-finite checkpoint', sample, nonfinite_checkpoint(False), 2, ['non-finite weights']),

@@ -83,6 +83,8 @@ def parse_subsets(subsets, num_subsets):
         if not m:
             raise UserError(f"cannot read the subset {part!r}; write subsets as numbers and ranges, e.g. --subsets=0-2,5.")
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if lo > hi:
+            raise UserError(f"cannot read the subset range {part!r}; a range goes from low to high, e.g. 3-5.")
         if hi >= N_SUBSETS:
             raise UserError(f"there is no subset {hi}: {REPO_ID} has subsets 0-{N_SUBSETS - 1} "
                             f"(urlsf_subset00.tar ... urlsf_subset{N_SUBSETS - 1}.tar).")
@@ -242,6 +244,8 @@ def prepare(subsets="", num_subsets=0, out_dir=HERE, cache_dir="", shard_tokens=
     chosen = parse_subsets(subsets, num_subsets)
     if not 0 < val_fraction < 1:
         raise UserError(f"--val_fraction must be between 0 and 1, not {val_fraction}.")
+    if num_threads < 0:
+        raise UserError(f"--num_threads must be at least 0 (0: one per core), not {num_threads}.")
     check_out_dir(out_dir, shard_tokens)
     cache_dir = cache_dir or os.path.join(out_dir, "cache")
     for subset in chosen:
