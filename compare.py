@@ -81,8 +81,9 @@ def plan(cfg):
         raise UserError(f"--smooth must be in [0, 1), got {cfg['smooth']}.")
     if cfg['init_from'] != 'scratch':
         raise UserError("compare.py resumes cut-off runs by itself; drop --init_from.")
-    if not (cfg['plan'] or cfg['report']):  # the runs train on this machine: a device or dtype it lacks is said now
-        resolve_dtype(cfg['dtype'], resolve_device(cfg['device']).split(':')[0])
+    if not (cfg['plan'] or cfg['report']):  # the runs train on this machine: a device it lacks is said now, and a
+        resolve_device(cfg['device'])  # dtype name (bfloat16 support is each run's to check, on its own GPU)
+        resolve_dtype(cfg['dtype'], 'cpu')
     seeds = [cfg['seed'] + i for i in range(cfg['seeds'])]
     sweep = learning_rates(cfg)
     runs = []
@@ -220,7 +221,9 @@ class Job:
         stopped.txt) is the run's outcome; any other failure, a full disk included, raises."""
         rc, run = self.proc.returncode, self.run
         tail = last_error_line(self.out_path)
-        diverged = rc == STOPPED_EXIT and os.path.exists(os.path.join(run['dir'], STOPPED))
+        # train.py's note of a divergence, written by this try (torchrun exits 1 when a process of its run exits 3)
+        stopped = os.path.join(run['dir'], STOPPED)
+        diverged = rc != 0 and os.path.exists(stopped) and os.path.getmtime(stopped) >= self.t0
         self.record.update(status='done' if rc == 0 else 'stopped' if diverged else 'failed', returncode=rc, message=tail)
         write_json(os.path.join(run['dir'], RECORD), self.record)
         if rc == 2:  # a user mistake in the settings: train.py said what to do
@@ -319,7 +322,7 @@ def train_runs(cfg, variants, seeds, runs, states, todo):
     pbar = progress_bar(len(runs), 'runs', unit='run')
     for run in runs:
         if states[run['dir']] in FINISHED:
-            how = 'finished' if states[run['dir']] == 'done' else 'stopped: see its train.out'
+            how = 'finished' if states[run['dir']] == 'done' else 'diverged: see its stopped.txt'
             pbar.write(f"{run['name']}: reused ({how})", file=sys.stderr)
             pbar.update(1)
     train_all(todo, cluster.placement(jobs, gpus, cfg['nproc_per_run']), cfg['threads'], pbar)

@@ -265,7 +265,8 @@ def lr_section(summary):
         half, double = (fmt_loss(x['sensitivity'][k], signed=True) for k in ('half', 'double'))
         diff = 'baseline' if v == base else fmt_loss(shared[v]['diff_to_baseline'], signed=True)
         rates = ', '.join(f'{r:.3g}' + '†' * (x['report'][repr(r)] is None) for r in x['rates'])
-        rows.append(f"| {v} | {rates} | {best} | {half} | {double} | {fmt_loss(shared[v]['final_val_loss'])} | {diff} |")
+        at_shared = fmt_loss(shared[v]['final_val_loss']) + ('' if shared[v]['status'] == 'done' else ' (stopped)')
+        rows.append(f"| {v} | {rates} | {best} | {half} | {double} | {at_shared} | {diff} |")
     failed = any(None in x['report'].values() for x in summary['lr'].values())
     return ['## Learning rates', '',
             "Best: the rate with the lowest mean final loss over seeds on the first half of the validation windows; "

@@ -231,10 +231,10 @@ class Trainer:
                 os.remove(os.path.join(self.out_dir, name))
         if resumed and os.path.exists(self.log_path):
             self.log_lines = truncate_log(self.log_path, self.saved_iter)
+        if not resumed:  # an empty log now: a folder that cannot take it stops the run before it trains, and the old
+            write_text(self.log_path, '')  # run's log cannot outlive its checkpoint
         if not resumed and os.path.exists(self.ckpt_path):  # the old run goes now, not at the first save, so a
             os.remove(self.ckpt_path)  # resume can never join the old checkpoint to the new log
-        if not resumed:  # an empty log now: a folder that cannot take it stops the run before it trains
-            write_text(self.log_path, '')
         print(f"{cfg['dataset']} ({self.meta.get('tokenizer')}, vocab {self.meta['vocab_size']}): "
               f"{self.tokens_per_iter:,} tokens per iteration ({self.world_size} process(es) x {self.gas} accumulation "
               f"steps x {cfg['batch_size']} x {cfg['block_size']})")

@@ -11,6 +11,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -232,9 +233,10 @@ def test_user_mistakes(extra, words, shakespeare_char_dir, tmp_path, capsys):
 
 
 def test_only_a_diverged_run_is_an_outcome(tmp_path):
-    """Exit status 3 with stopped.txt (train.py's note of a divergence) is the run's outcome: recorded as stopped and
-    reused. Without it (a full disk) it is a failure: the comparison stops, and the same command again continues the
-    run, even with its settings corrected, since a failed try holds nothing to keep."""
+    """A stop with stopped.txt written by this try (train.py's note of a divergence; exit status 3, or torchrun's 1)
+    is the run's outcome: recorded as stopped and reused. Without it (a full disk), or with an older one, it is a
+    failure: the comparison stops, and the same command again continues the run, even with its settings corrected when
+    the failed try logged nothing."""
     cfg = compare.settings([f'--out_dir={tmp_path}', '--variants=gelu', '--seeds=1', *TINY])
     (run,) = compare.plan(cfg)[3]
     os.makedirs(run['dir'])
@@ -251,10 +253,17 @@ def test_only_a_diverged_run_is_an_outcome(tmp_path):
     assert rundir.read_json(record)['status'] == 'failed' and runs.run_state(run) == 'scratch'
     rundir.write_json(record, {'settings': {**run['settings'], 'n_embd': 64}, 'processes': 1, 'status': 'failed'})
     assert runs.run_state(run) == 'scratch'  # not 'mismatch': nothing was trained with those settings
+    rundir.append_log(job.log_path, {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
+    assert runs.run_state(run) == 'mismatch'  # but a failed try that trained some says what it was
+    os.remove(job.log_path)
     diverged = "the training loss became non-finite (nan) at iteration 3, so the run stopped"
     for path, text in ((os.path.join(run['dir'], 'stopped.txt'), diverged), (job.out_path, f"$ train.py\nstopped: {diverged}")):
         with open(path, 'w') as f:
             f.write(text + '\n')
+    job.t0 = time.time() + 60  # a note older than this try: left by an earlier one
+    with pytest.raises(RunStopped):
+        job.finish()
+    job.t0, job.proc.returncode = 0.0, 1  # a divergence as torchrun reports it (a DDP run's process exited 3)
     assert job.finish().endswith(f'STOPPED: stopped: {diverged}')
     assert rundir.read_json(record)['status'] == 'stopped' and runs.run_state(run) == 'stopped'
 

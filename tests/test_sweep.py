@@ -123,14 +123,16 @@ def test_a_rate_where_a_seed_diverged_is_a_failure_there(tmp_path):
     planned = compare.plan(cfg)[3]
     for r in planned:
         finish(r, u_loss(r, 0), u_loss(r, 1))
-    statuses = {r['dir']: 'stopped' if (r['variant'], r['lr'], r['seed']) == ('gelu', 4e-3, 1338) else 'done'
-                for r in planned}
+    diverged = {('gelu', 4e-3, 1338), ('swiglu', 2e-3, 1337)}  # swiglu's at the shared rate
+    statuses = {r['dir']: 'stopped' if (r['variant'], r['lr'], r['seed']) in diverged else 'done' for r in planned}
     summary, _ = report.summarize_sweep(cfg, ['gelu', 'swiglu'], [1337, 1338], 'gelu', planned, statuses)
     gelu = summary['lr']['gelu']
     assert gelu['best'] == 2e-3 and gelu['report'][repr(4e-3)] is None and gelu['select_mean'][repr(4e-3)] is None
     assert gelu['sensitivity']['double'] is None and gelu['report'][repr(1e-3)]['n'] == 2
     json.dumps(summary, allow_nan=False)
-    assert '| gelu | 0.001, 0.002, 0.004† |' in '\n'.join(report.lr_section(summary))
+    section = '\n'.join(report.lr_section(summary))
+    assert '| gelu | 0.001, 0.002, 0.004† |' in section and '| swiglu | 0.001, 0.002†, 0.004 |' in section
+    assert ' (stopped) |' in next(line for line in section.splitlines() if line.startswith('| swiglu'))
 
 
 @pytest.mark.slow

@@ -176,6 +176,20 @@ def test_a_full_disk_is_a_one_sentence_stop(shakespeare_char_dir, tmp_path, monk
         assert not tmp_files(out) if os.path.isdir(out) else True
 
 
+def test_an_overwrite_that_cannot_write_its_log_keeps_the_old_run_whole(shakespeare_char_dir, tmp_path, monkeypatch,
+                                                                         capsys, uninterrupted):
+    """--overwrite=True on a full disk: the new run stops before it removes anything, so the old run's checkpoint and
+    its finished log stay together (never a finished log beside no checkpoint, which a comparison would take as done)."""
+    out = str(tmp_path / 'run')
+    shutil.copytree(uninterrupted, out)
+    fail_writes(monkeypatch, 'log.jsonl')
+    code, err = call(train.main, run_args(shakespeare_char_dir, out, '--max_iters=6', '--overwrite=True', '--seed=7'),
+                     capsys)
+    assert_one_sentence(code, err, 3, 'could not write', 'log.jsonl')
+    monkeypatch.undo()
+    same_log_and_weights(out, uninterrupted)
+
+
 # ---- reports, pictures, records --------------------------------------------------------------------------------------
 
 
