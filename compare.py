@@ -49,7 +49,6 @@ COMPARE_DEFAULTS = dict(
 DEFAULTS = {**TRAIN_DEFAULTS, **COMPARE_DEFAULTS, 'out_dir': 'out-compare'}
 DEFAULT_CONFIG = 'config/compare_shakespeare_char.py'  # what `python compare.py` alone runs
 BUNDLED = ('shakespeare_char', 'shakespeare')  # built from the corpus in the repo in seconds, so prepared on demand
-STOPPED_EXIT = 3  # train.py's exit status for a run that stopped
 MAX_EXTEND = 3  # --lr_extend tries at most this many rates beyond each edge of the grid
 MAX_GRID = 10  # --lr_grid=K spans learning_rate x 2^-K .. 2^K: past 2^10 either way is a typo, not a sweep
 FINISHED = ('done', 'stopped')  # run states that are results: reused, never trained again
@@ -113,7 +112,8 @@ def learning_rates(cfg):
         rates = [cfg['learning_rate'] * 2.0 ** j for j in range(-cfg['lr_grid'], cfg['lr_grid'] + 1)]
     if not all(0 < r < float('inf') for r in rates):
         given = f"--lrs='{cfg['lrs']}'" if cfg['lrs'] else f"--lr_grid around learning_rate={cfg['learning_rate']:g}"
-        raise UserError(f"a sweep's rates must be finite and above 0, but {given} gives {min(rates):g}..{max(rates):g}.")
+        raise UserError(f"a sweep's rates must be finite and above 0, but {given} gives {min(rates):g} to "
+                        f"{max(rates):g}.")
     if rates and cfg['eval_iters'] < 2:
         raise UserError("a learning-rate sweep chooses on half of the validation batches and reports on the other "
                         "half; give --eval_iters of at least 2.")
@@ -224,7 +224,8 @@ class Job:
         # train.py's note of a divergence, written by this try (torchrun exits 1 when a process of its run exits 3)
         stopped = os.path.join(run['dir'], STOPPED)
         diverged = rc != 0 and os.path.exists(stopped) and os.path.getmtime(stopped) >= self.t0
-        self.record.update(status='done' if rc == 0 else 'stopped' if diverged else 'failed', returncode=rc, message=tail)
+        status = 'done' if rc == 0 else 'stopped' if diverged else 'failed'
+        self.record.update(status=status, returncode=rc, message=tail)
         write_json(os.path.join(run['dir'], RECORD), self.record)
         if rc == 2:  # a user mistake in the settings: train.py said what to do
             raise UserError(f"{tail.removeprefix('error: ').rstrip('.')} (the {run['variant']} run, seed {run['seed']}).")

@@ -69,8 +69,8 @@ def size_settings(cfg):
             per_iter = cfg['batch_size'] * cfg['block_size'] * cfg['gradient_accumulation_steps'] * cfg['nproc_per_run']
             iters = cfg['tokens_per_param'] * n_params / per_iter
             if iters > MAX_ITERS:  # checked before rounding up: an overflowed budget is inf
-                raise UserError(f"--tokens_per_param={cfg['tokens_per_param']:g} asks for {iters:.3g} iterations at size "
-                                f"{size['name']}; give a budget of at most {MAX_ITERS:,} iterations.")
+                raise UserError(f"--tokens_per_param={cfg['tokens_per_param']:g} asks for {iters:.3g} iterations at "
+                                f"size {size['name']}; give a budget of at most {MAX_ITERS:,} iterations.")
             iters = max(1, math.ceil(iters))
             f = iters / cfg['max_iters']
             s.update(max_iters=iters, warmup_iters=round(cfg['warmup_iters'] * f),

@@ -19,7 +19,8 @@ Worth knowing:
 - init_from=resume takes the settings saved in out_dir/ckpt.pt and applies only what you pass on top; the model keys
   and the data stream (dataset, batch_size, block_size, seed) cannot change. One run per out_dir (a lock).
 - A run stops (exit status 3) when a loss or the weights become non-finite (its reason then in out_dir/stopped.txt)
-  or a file cannot be written; a checkpoint only ever holds finite weights. NANOFFN_NAN_AT=k makes iteration k's loss NaN.
+  or a file cannot be written; a checkpoint only ever holds finite weights. NANOFFN_NAN_AT=k makes iteration k's
+  loss NaN.
 """
 import hashlib
 import json

@@ -244,7 +244,7 @@ def test_only_a_diverged_run_is_an_outcome(tmp_path):
     job.run, job.t0, job.name, job.resumed_from = run, 0.0, run['name'], None
     job.log_path, job.out_path = os.path.join(run['dir'], 'log.jsonl'), os.path.join(run['dir'], 'train.out')
     job.record, job.proc = dict(settings=run['settings'], processes=1, status='running'), types.SimpleNamespace(
-        returncode=compare.STOPPED_EXIT)
+        returncode=3)
     with open(job.out_path, 'w') as f:
         f.write("$ train.py\nstopped: could not write ckpt.pt (No space left on device); free some space.\n")
     with pytest.raises(RunStopped, match='No space left'):
@@ -257,7 +257,8 @@ def test_only_a_diverged_run_is_an_outcome(tmp_path):
     assert runs.run_state(run) == 'mismatch'  # but a failed try that trained some says what it was
     os.remove(job.log_path)
     diverged = "the training loss became non-finite (nan) at iteration 3, so the run stopped"
-    for path, text in ((os.path.join(run['dir'], 'stopped.txt'), diverged), (job.out_path, f"$ train.py\nstopped: {diverged}")):
+    notes = {os.path.join(run['dir'], 'stopped.txt'): diverged, job.out_path: f"$ train.py\nstopped: {diverged}"}
+    for path, text in notes.items():
         with open(path, 'w') as f:
             f.write(text + '\n')
     job.t0 = time.time() + 60  # a note older than this try: left by an earlier one

@@ -109,7 +109,8 @@ def test_sweep_settings_are_checked_up_front(tmp_path):
     for extra, words in [(['--lrs=1e-3,abc'], 'comma-separated numbers'), (['--lrs=1e-3,4e-3'], 'include learning_rate'),
                          (['--lrs=2e-3,-1'], 'above 0'), (['--lr_grid=2'], 'give one of them'),
                          (['--lrs=', '--lr_grid=-1'], 'between 0 and 10'), (['--lrs=', '--lr_grid=1100'], 'between'),
-                         (['--lrs=', '--lr_grid=2', '--learning_rate=0'], 'above 0'), (['--eval_iters=1'], 'eval_iters')]:
+                         (['--lrs=', '--lr_grid=2', '--learning_rate=0'], 'above 0'),
+                         (['--eval_iters=1'], 'eval_iters')]:
         with pytest.raises(UserError, match=words):
             compare.plan(settings(tmp_path / 'cmp', *extra))
     grid = compare.learning_rates({**settings(tmp_path / 'cmp', '--lrs='), 'lr_grid': 2})

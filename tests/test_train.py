@@ -259,7 +259,8 @@ def test_the_compile_cache_is_the_documented_one_after_inductor_has_loaded(tmp_p
     clean = {k: v for k, v in env(XDG_CACHE_HOME=str(tmp_path)).items() if k != 'TORCHINDUCTOR_CACHE_DIR'}
     for extra, want in (({}, os.path.join(str(tmp_path), 'nanoffn', 'torchinductor')),
                         ({'TORCHINDUCTOR_CACHE_DIR': '/elsewhere'}, '/elsewhere')):
-        p = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, env={**clean, **extra})
+        p = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                           env={**clean, **extra})
         assert p.stdout.strip() == want, p.stderr[-2000:]
 
 

@@ -179,7 +179,7 @@ def test_a_full_disk_is_a_one_sentence_stop(shakespeare_char_dir, tmp_path, monk
 def test_an_overwrite_that_cannot_write_its_log_keeps_the_old_run_whole(shakespeare_char_dir, tmp_path, monkeypatch,
                                                                          capsys, uninterrupted):
     """--overwrite=True on a full disk: the new run stops before it removes anything, so the old run's checkpoint and
-    its finished log stay together (never a finished log beside no checkpoint, which a comparison would take as done)."""
+    its finished log stay together (never a finished log beside no checkpoint: a comparison would take it as done)."""
     out = str(tmp_path / 'run')
     shutil.copytree(uninterrupted, out)
     fail_writes(monkeypatch, 'log.jsonl')
