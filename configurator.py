@@ -345,7 +345,7 @@ def split_list(text):
 
 def run_cli(main, argv=None):
     """Run main(argv); a UserError becomes 'error: message' on stderr with exit status 2 (no traceback), a RunStopped
-    'stopped: message' with status 3, and Ctrl-C 'interrupted.' with status 130."""
+    'stopped: message' with status 3, Ctrl-C 'interrupted.' with status 130, a closed stdout pipe quietly 141."""
     try:
         return main(sys.argv[1:] if argv is None else argv)
     except UserError as e:
@@ -354,6 +354,9 @@ def run_cli(main, argv=None):
         message, status = f"stopped: {e}", 3
     except KeyboardInterrupt:
         message, status = 'interrupted.', 130
+    except BrokenPipeError:  # stdout's reader stopped reading (`| head`): end quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
+        sys.exit(141)
     sys.stdout.flush()
     print(' '.join(message.split()), file=sys.stderr)  # one line, whatever the message held
     sys.exit(status)

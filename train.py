@@ -54,8 +54,8 @@ def settings(argv):
     """The run's settings and, to resume, its checkpoint. A resumed run takes the settings saved in the checkpoint
     with only the keys given explicitly on top; the model keys and the data stream cannot change."""
     cfg, given = parse_args(DEFAULTS, argv, types=TYPES, prog='train.py', doc=__doc__.split('\n\n')[1])
-    check(cfg)
     if cfg['init_from'] != 'resume':
+        check(cfg)
         return cfg, None
     checkpoint = load_checkpoint(cfg['out_dir'], "point --out_dir at an earlier run's directory or start one with "
                                                  "--init_from=scratch.")
@@ -68,7 +68,7 @@ def settings(argv):
     out_dir = cfg['out_dir']  # the run may have been moved since
     cfg = {**DEFAULTS, **{k: v for k, v in saved.items() if k in DEFAULTS}, **{k: cfg[k] for k in given}}
     cfg.update(init_from='resume', out_dir=out_dir)
-    check(cfg)
+    check(cfg)  # only now: the model keys not given are the checkpoint's, not the defaults
     return cfg, checkpoint
 
 
@@ -179,6 +179,10 @@ class Trainer:
         elif checkpoint is None and cfg['vocab_size'] < self.meta['vocab_size']:
             raise UserError(f"--vocab_size={cfg['vocab_size']} is smaller than the dataset's "
                             f"{self.meta['vocab_size']} tokens; leave it at 0 to take the dataset's.")
+        vocabulary = lambda meta: [meta.get(k) for k in ('tokenizer', 'vocab_size', 'itos')]
+        if checkpoint is not None and vocabulary(checkpoint['meta']) != vocabulary(self.meta):
+            raise UserError(f"{cfg['dataset']} has another vocabulary than this run trained on (prepared again?); "
+                            f"resume with the data it trained on, or train a new run in another out_dir.")
         model = GPT(model_config(self.model_args))
         if checkpoint is not None:
             model.load_state_dict(model_state(checkpoint['model']))
@@ -201,7 +205,10 @@ class Trainer:
 
     def resume(self, checkpoint):
         """Optimizer, scaler, counters, and every rank's data stream and RNG, from the checkpoint."""
+        built = [{k: v for k, v in g.items() if k != 'params'} for g in self.optimizer.param_groups]
         self.optimizer.load_state_dict(checkpoint['optimizer'])
+        for group, hyper in zip(self.optimizer.param_groups, built):
+            group.update(hyper)  # the checkpoint brings the moments; weight_decay and betas are this run's settings
         if checkpoint.get('scaler'):
             self.scaler.load_state_dict(checkpoint['scaler'])
         self.iter_num, self.best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']

@@ -104,6 +104,43 @@ def test_resume_rejects_a_changed_data_stream(tiny_run, capsys):
     assert code == 2 and 'batch_size' in err and len(err.strip().splitlines()) == 1
 
 
+def test_resume_checks_the_given_model_keys_against_the_checkpoints_not_the_defaults(shakespeare_char_dir, tmp_path):
+    """A run trained with top_k=1 (default 2) resumes with --n_expert=1 given: top_k is the checkpoint's."""
+    out = str(tmp_path / 'moe1')
+    train_here(shakespeare_char_dir, out, '--max_iters=2', '--eval_interval=2', '--n_expert=1', '--top_k=1')
+    train_py.main([f'--out_dir={out}', '--init_from=resume', '--max_iters=3', '--n_expert=1'])
+    assert log(out)[-1]['iter'] == 3
+
+
+def test_resume_applies_the_given_optimizer_settings(tiny_run, tmp_path, monkeypatch):
+    """--weight_decay and --betas given on resume are used, not the checkpoint's optimizer's."""
+    import shutil
+    _, out = tiny_run
+    run_dir = str(tmp_path / 'run')
+    shutil.copytree(out, run_dir)
+    seen = []
+    monkeypatch.setattr(train_py.Trainer, 'resume', lambda self, ckpt, f=train_py.Trainer.resume: (
+        f(self, ckpt), seen.append([(g['weight_decay'], g['betas']) for g in self.optimizer.param_groups]))[0])
+    train_py.main([f'--out_dir={run_dir}', '--init_from=resume', '--max_iters=5', '--weight_decay=0.5',
+                   '--beta1=0.8', '--beta2=0.9'])
+    assert seen == [[(0.5, (0.8, 0.9)), (0.0, (0.8, 0.9))]]
+
+
+def test_resume_refuses_a_dataset_prepared_again_with_another_vocabulary(tiny_run, tmp_path, capsys):
+    import shutil
+    data, out = tiny_run
+    data_copy, run_dir = tmp_path / 'data', str(tmp_path / 'run')
+    shutil.copytree(data, data_copy)
+    shutil.copytree(out, run_dir)
+    meta_path = data_copy / 'shakespeare_char' / 'meta.json'
+    meta = json.loads(meta_path.read_text())
+    meta['itos'] = meta['itos'][::-1]  # the same size, other characters for the same ids
+    meta_path.write_text(json.dumps(meta))
+    code, err = in_process(train_py.main, [f'--out_dir={run_dir}', '--init_from=resume', '--max_iters=5',
+                                           f'--data_dir={data_copy}'], capsys)
+    assert code == 2 and 'another vocabulary' in err and len(err.strip().splitlines()) == 1
+
+
 def test_checkpoint_contents(tiny_run):
     _, out = tiny_run
     ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)  # plain data: loads without pickle code
@@ -225,6 +262,15 @@ def test_run_cli_exit_codes(capsys):
         configurator.run_cli(bad, [])
     assert e.value.code == 2
     assert capsys.readouterr().err == 'error: something is wrong; fix it.\n'
+
+
+def test_a_closed_stdout_pipe_ends_quietly():
+    """`python sample.py ... | head`: no BrokenPipeError traceback, the shell's status for SIGPIPE."""
+    code = 'from configurator import run_cli; run_cli(lambda argv: [print("x" * 1000) for _ in range(100000)])'
+    p = subprocess.Popen([sys.executable, '-c', code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.read(10)
+    p.stdout.close()
+    assert p.wait(timeout=60) == 141 and p.stderr.read() == b''
 
 
 def test_activation_settings_are_checked_before_anything_runs():
