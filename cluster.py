@@ -25,12 +25,15 @@ def visible_gpus():
 
 def resolve_jobs(cfg):
     """The GPUs to place runs on (none on a CPU or a device named explicitly, e.g. cuda:1) and the runs at a time:
-    --jobs, else one per nproc_per_run GPUs, else one per --threads CPU cores (tiny models train fastest so), else 1."""
+    --jobs, else one per nproc_per_run GPUs, else one per --threads CPU cores per process (tiny models train fastest
+    so), else 1."""
     gpus = visible_gpus() if cfg['device'] in ('auto', 'cuda') else []
     nproc = cfg['nproc_per_run']
     if gpus and nproc > len(gpus):
         raise UserError(f"--nproc_per_run={nproc} needs {nproc} GPUs per run but {len(gpus)} are visible; lower it.")
-    cpu_jobs = max(1, (os.cpu_count() or 1) // cfg['threads']) if cfg['threads'] else 1
+    # the cores this process may use (a Slurm job's or taskset's), each run's processes using --threads of them
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+    cpu_jobs = max(1, cores // (cfg['threads'] * nproc)) if cfg['threads'] else 1
     return gpus, cfg['jobs'] or (len(gpus) // nproc if gpus else cpu_jobs)
 
 

@@ -26,7 +26,7 @@ from configurator import DEFAULTS as TRAIN_DEFAULTS
 from configurator import TYPES, RunStopped, UserError, check, check_variants, parse_args, run_cli, split_list
 from device import compile_cache_dir, resolve_device, resolve_dtype
 from progress import progress_bar
-from rundir import LOCK_FD_ENV, STOPPED, check_writable, checkpoint_field, read_log, try_lock_run_dir, write_json
+from rundir import HELD, LOCK_FD_ENV, STOPPED, check_writable, checkpoint_field, read_log, try_lock_run_dir, write_json
 from runs import RECORD, command_line, describe_mismatch, make_run, run_state
 
 COMPARE_DEFAULTS = dict(
@@ -92,6 +92,9 @@ def plan(cfg):
         while sweep and cfg['lr_extend'] and (beyond := next_rate(cfg, v, seeds, rates, sweep)) is not None:
             rates.append(beyond)
         runs += [make_run(cfg, v, s, lr) for lr in rates for s in seeds]
+    if len({r['dir'] for r in runs}) < len(runs):  # a run's directory names its rate to 3 significant digits
+        raise UserError("two of the sweep's rates agree to 3 significant digits, so they would share a run directory; "
+                        "give rates that differ within their first 3 digits.")
     return variants, seeds, baseline, runs
 
 
@@ -188,17 +191,18 @@ class Job:
         cmd = command_line(run, mode)
         env = dict(os.environ, PYTHONUNBUFFERED='1', TORCHINDUCTOR_CACHE_DIR=compile_cache_dir(),
                    **cluster.gpu_env(gpus), **cluster.thread_env(threads))
-        fds = (lock.fileno(),) if run['processes'] == 1 else ()  # torchrun does not pass it on: rank 0 locks anew
-        if fds:
-            env[LOCK_FD_ENV] = str(fds[0])
+        fds = (lock.fileno(),) if run['processes'] == 1 else ()  # torchrun does not pass it on: held here instead
+        env[LOCK_FD_ENV] = str(fds[0]) if fds else HELD + os.path.abspath(os.path.join(d, '.lock'))
+        self.lock = None if fds else lock  # released when the torchrun processes have ended
         try:
             with open(self.out_path, 'a') as out:
                 print(f"$ {' '.join(cmd)}", file=out, flush=True)
                 self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              env=env, pass_fds=fds)
         except OSError as e:
+            lock.close()
             raise RunStopped(f"could not start the {run['variant']} run in {d} ({e.strerror or e}).") from None
-        finally:
+        if fds:
             lock.close()  # the child holds the lock now (one lock, shared), released when it exits
 
     def progress(self):
@@ -220,6 +224,8 @@ class Job:
         """Once the child exited: record how it ended and return a line saying so. A divergence (train.py leaves
         stopped.txt) is the run's outcome; any other failure, a full disk included, raises."""
         rc, run = self.proc.returncode, self.run
+        if self.lock:
+            self.lock.close()
         tail = last_error_line(self.out_path)
         # train.py's note of a divergence, written by this try (torchrun exits 1 when a process of its run exits 3)
         stopped = os.path.join(run['dir'], STOPPED)
@@ -300,7 +306,11 @@ def run_comparison(cfg):
         variants, seeds, baseline, runs = plan(cfg)
         check_dataset(cfg)
         states, todo = todo_of(cfg, runs)
-        if cfg['plan']:
+        if cfg['plan']:  # each listed run's settings recorded: one that stops before its first checkpoint is known
+            for run, _ in todo:
+                check_writable(run['dir'], create=True)
+                write_json(os.path.join(run['dir'], RECORD), dict(settings=run['settings'], processes=run['processes'],
+                                                                  status='planned'))
             return cluster.print_plan(todo, len(runs), cfg['threads'])
         if todo or first:  # the first round also says what it reuses
             train_runs(cfg, variants, seeds, runs, states, todo)
@@ -316,8 +326,9 @@ def train_runs(cfg, variants, seeds, runs, states, todo):
     """Reuse the finished runs and train the others, N at a time."""
     gpus, jobs = cluster.resolve_jobs(cfg) if todo else ([], cfg['jobs'])
     check_writable(cfg['out_dir'], create=True)
-    rates = len({r['lr'] for r in runs})
-    print(f"compare: {len(variants)} variants x {len(seeds)} seed(s)" + (f" x {rates} rates" if rates > 1 else '')
+    per = sorted({sum(r['variant'] == v for r in runs) // len(seeds) for v in variants})  # rates per variant
+    rates = f" x {per[0]}{'' if len(per) == 1 else f'-{per[-1]}'} rates" if runs[0]['lr'] is not None else ''
+    print(f"compare: {len(variants)} variants x {len(seeds)} seed(s){rates}"
           + f" = {len(runs)} runs into {cfg['out_dir']} ({len(runs) - len(todo)} to reuse, {len(todo)} to train"
           + (f", {jobs} at a time on GPUs {','.join(gpus)}" if gpus else '') + ')', file=sys.stderr)
     pbar = progress_bar(len(runs), 'runs', unit='run')
@@ -326,6 +337,9 @@ def train_runs(cfg, variants, seeds, runs, states, todo):
             how = 'finished' if states[run['dir']] == 'done' else 'diverged: see its stopped.txt'
             pbar.write(f"{run['name']}: reused ({how})", file=sys.stderr)
             pbar.update(1)
+        elif states[run['dir']] == 'retrain':
+            pbar.write(f"{run['name']}: to train again: its log has no intact record of its checkpoint's evaluation",
+                       file=sys.stderr)
     train_all(todo, cluster.placement(jobs, gpus, cfg['nproc_per_run']), cfg['threads'], pbar)
     pbar.close()
 
@@ -355,6 +369,7 @@ def write_report(cfg, variants, seeds, baseline, runs, states):
 
 def run_ladder(cfg):
     """--sizes: a comparison at every size in out_dir/<size>/, then the ladder's summary and ladder.png in out_dir."""
+    learning_rates(cfg)  # the sweep's settings, checked before each size scales them
     sizes = ladder.size_settings(cfg)
     for s in sizes:  # every size planned and checked (with --report: finished) before any trains
         todo_of(cfg, plan({**cfg, **s['settings']})[3])

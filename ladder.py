@@ -66,7 +66,11 @@ def size_settings(cfg):
         n_params = scale_counts(meta_model({**cfg, **s, 'ffn': baseline}, cfg['data_dir']))['non_embedding']
         if cfg['tokens_per_param'] > 0:
             # tokens per iteration, over all the run's processes (each DDP process trains on batches of its own)
-            per_iter = cfg['batch_size'] * cfg['block_size'] * cfg['gradient_accumulation_steps'] * cfg['nproc_per_run']
+            factors = [cfg[k] for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'nproc_per_run')]
+            if min(factors) < 1:
+                raise UserError(f"--batch_size, --block_size, --gradient_accumulation_steps and --nproc_per_run must "
+                                f"each be at least 1, got {', '.join(map(str, factors))}.")
+            per_iter = math.prod(factors)
             iters = cfg['tokens_per_param'] * n_params / per_iter
             if iters > MAX_ITERS:  # checked before rounding up: an overflowed budget is inf
                 raise UserError(f"--tokens_per_param={cfg['tokens_per_param']:g} asks for {iters:.3g} iterations at "
@@ -78,6 +82,8 @@ def size_settings(cfg):
         if cfg['lr_rule'] == 'width':
             f = all_sizes[0]['n_embd'] / size['n_embd']
             s.update(learning_rate=cfg['learning_rate'] * f, min_lr=cfg['min_lr'] * f)
+            if cfg['lrs']:  # the listed rates scale with the learning_rate they must contain
+                s['lrs'] = ','.join(repr(float(r) * f) for r in split_list(cfg['lrs']))
         print(f"compare: size {size['name']} (n_head {size['n_head']}, N = {n_params:,} non-embedding parameters, "
               f"{s.get('max_iters', cfg['max_iters'])} iterations, learning rate "
               f"{s.get('learning_rate', cfg['learning_rate']):.3g})", file=sys.stderr)
@@ -101,7 +107,7 @@ def summarize(cfg, sizes, summaries):
     for size, summ in zip(sizes, summaries):
         s = {**cfg, **size['settings']}  # the comparison's settings at this size
         out['sizes'].append({k: size[k] for k in ('name', 'n_layer', 'n_embd', 'n_head')} | {
-            'max_iters': s['max_iters'], 'tokens': summ['variants'][baseline]['tokens'],
+            'max_iters': s['max_iters'], 'tokens': max(v['tokens'] for v in summ['variants'].values()),
             'learning_rate': s['learning_rate']})
     points = {v: [point(size, summ, v) for size, summ in zip(sizes, summaries)] for v in variants}
     meaningful = all(s['compiled'] == 'on' or str(s['settings']['device']).startswith('cuda') for s in summaries)

@@ -350,7 +350,7 @@ def acts_section(summary):
 
 
 def write_markdown(path, summary):
-    tokens = next(iter(summary['variants'].values()))['tokens']
+    tokens = max(s['tokens'] for s in summary['variants'].values())  # a stopped run logged fewer
     same = all(summary['same_batches'].values()) and summary['same_val_windows']
     lines = [f"# FFN comparison on {summary['dataset']}", '',
              f"{len(summary['variants'])} variants x {len(summary['seeds'])} seed(s) "

@@ -23,6 +23,7 @@ from configurator import MODEL_KEYS, RunStopped, UserError
 
 STOPPED = 'stopped.txt'
 LOCK_FD_ENV = 'NANOFFN_LOCK_FD'  # compare.py hands the lock it took for a run to the train.py it starts
+HELD = 'held:'  # ... or, for torchrun (which passes no descriptor on), keeps it and names the lock file after this
 
 # ----------------------------------------------------------------------------------------------------------------------
 # writing
@@ -208,14 +209,14 @@ def read_log(path):
 
 
 def truncate_log(path, iter_num):
-    """Keep every intact line up to the checkpoint's iteration (a resumed run writes the later ones again). Damaged
-    lines go to log.jsonl.damaged, with a warning, never dropped silently. Returns the number of lines kept."""
+    """Keep every intact line up to the checkpoint's iteration (a resumed run writes the later ones again; -1: none,
+    a new run). Damaged lines go to log.jsonl.damaged, with a warning, never dropped silently. Returns the number of
+    lines kept."""
     records, damaged = read_log_lines(path)
     records = [r for r in records if r['iter'] <= iter_num]
     if damaged:
         append_lines(path + '.damaged', damaged)
-        print(f"warning: {len(damaged)} damaged line(s) of {path} moved to {path}.damaged; the intact lines are kept.",
-              file=sys.stderr)
+        print(f"warning: {len(damaged)} damaged line(s) of {path} moved to {path}.damaged.", file=sys.stderr)
     write_text(path, ''.join(json.dumps(r) + '\n' for r in records))
     return len(records)
 
@@ -241,7 +242,7 @@ def try_lock_run_dir(out_dir):
     """(lock file, None) if this process now owns out_dir, or (None, 'PID n on host h') naming the process that does.
     An exclusive fcntl.flock on out_dir/.lock (which holds the owner's PID and host), released by the kernel when its
     process ends, however it ends: a dead run's lock is simply taken over. Closing the file releases it; a child started
-    with its descriptor in LOCK_FD_ENV shares it. On network filesystems it may exclude only processes of one machine."""
+    with its descriptor in LOCK_FD_ENV shares it (or with HELD + its path: the parent holds it for the child). On network filesystems it may exclude only processes of one machine."""
     path = os.path.join(out_dir, '.lock')
     try:
         os.makedirs(out_dir, exist_ok=True)
@@ -254,6 +255,8 @@ def try_lock_run_dir(out_dir):
         if inherited.isdigit() and os.path.samestat(os.fstat(int(inherited)), os.fstat(f.fileno())):
             f.close()
             f = open(int(inherited), 'r+b', buffering=0)
+        elif inherited.startswith(HELD) and os.path.samestat(os.stat(inherited[len(HELD):]), os.fstat(f.fileno())):
+            return f, None  # compare.py holds this lock while the processes it started run
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

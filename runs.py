@@ -2,8 +2,8 @@
 A comparison's runs as data: what each run is, what its directory already holds, and the command that trains it.
 
 A run is a plain train.py run in <out_dir>/<variant>[/lr<rate>]/seed<seed>, recognised by the settings its checkpoint
-holds, or before its first checkpoint by the compare.json that compare.py writes when it starts one (unless that try
-failed before it logged anything).
+holds, or before its first checkpoint by the compare.json that compare.py writes when it starts or plans one (unless
+that try failed, or the planned run did not start, before it logged anything).
 """
 import os
 import sys
@@ -51,8 +51,8 @@ def found_settings(d):
     if isinstance(config, dict):
         return identity(config, checkpoint_field(d, 'world_size') or 1)
     record = read_json(os.path.join(d, RECORD)) or {}
-    # a try that failed before it logged anything (e.g. a device this machine lacks) holds nothing to keep
-    empty = record.get('status') == 'failed' and not read_log(os.path.join(d, 'log.jsonl'))
+    # a try that failed before it logged anything (e.g. a device this machine lacks), or a planned run not started yet
+    empty = record.get('status') in ('failed', 'planned') and not read_log(os.path.join(d, 'log.jsonl'))
     if isinstance(record.get('settings'), dict) and not empty:
         return identity(record['settings'], record.get('processes', 1))
     return None

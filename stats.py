@@ -127,7 +127,10 @@ def choose_rate(losses):
 def compute_for_loss(fit, loss):
     """The training compute at which a fitted law L(C) = E + A·C^(−α) reaches `loss`: (A / (loss − E))^(1/α), or
     inf where loss is at or below its floor E."""
-    return (fit['A'] / (loss - fit['E'])) ** (1 / fit['alpha']) if loss > fit['E'] else math.inf
+    try:
+        return (fit['A'] / (loss - fit['E'])) ** (1 / fit['alpha']) if loss > fit['E'] else math.inf
+    except OverflowError:  # a nearly flat law: beyond any float
+        return math.inf
 
 
 def compute_multiplier(base_points, var_points, budget, n_boot=1000, seed=0):

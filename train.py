@@ -237,10 +237,9 @@ class Trainer:
         for name in os.listdir(self.out_dir):  # a new try of a run that stopped, or that was killed mid-save
             if name == STOPPED or name.startswith('.ckpt.pt.tmp'):
                 os.remove(os.path.join(self.out_dir, name))
-        if resumed and os.path.exists(self.log_path):
-            self.log_lines = truncate_log(self.log_path, self.saved_iter)
-        if not resumed:  # an empty log now: a folder that cannot take it stops the run before it trains, and the old
-            write_text(self.log_path, '')  # run's log cannot outlive its checkpoint
+        # a new run's log is emptied now: a folder that cannot take it stops the run before it trains, and the old
+        # run's log cannot outlive its checkpoint
+        self.log_lines = truncate_log(self.log_path, self.saved_iter if resumed else -1)
         if not resumed and os.path.exists(self.ckpt_path):  # the old run goes now, not at the first save, so a
             os.remove(self.ckpt_path)  # resume can never join the old checkpoint to the new log
         print(f"{cfg['dataset']} ({self.meta.get('tokenizer')}, vocab {self.meta['vocab_size']}): "

@@ -72,11 +72,21 @@ def test_eight_runs_on_four_gpus_are_two_per_gpu(four_gpus):
     assert cluster.gpu_env(['6', '7'])['CUDA_VISIBLE_DEVICES'] == '6,7'
     assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cpu', jobs=0)) == ([], 1)
     # on a CPU with one thread per run: one run per core (each core one single-threaded run)
-    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cpu', jobs=0, threads=1)) == ([], os.cpu_count())
+    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cpu', jobs=0, threads=1)) == (
+        [], len(os.sched_getaffinity(0)))
     assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cuda:1', jobs=3)) == ([], 3)  # the user's choice
     assert cluster.gpu_env(None) == {}
     with pytest.raises(UserError, match='nproc_per_run=8'):
         cluster.resolve_jobs(dict(compare.DEFAULTS, device='auto', nproc_per_run=8))
+
+
+def test_cpu_runs_at_a_time_count_the_cores_this_process_may_use(monkeypatch):
+    """Under a cpuset (Slurm, taskset) of 4 of the machine's cores: 4 one-thread runs, 2 of 2 processes each."""
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(os, 'cpu_count', lambda: 64)
+    cfg = dict(compare.DEFAULTS, device='cpu', jobs=0, threads=1)
+    assert cluster.resolve_jobs(cfg) == ([], 4)
+    assert cluster.resolve_jobs({**cfg, 'nproc_per_run': 2}) == ([], 2)
 
 
 class FakeProcess:

@@ -241,7 +241,7 @@ def test_only_a_diverged_run_is_an_outcome(tmp_path):
     (run,) = compare.plan(cfg)[3]
     os.makedirs(run['dir'])
     job = compare.Job.__new__(compare.Job)  # as Job.__init__ leaves it once its train.py has exited with status 3
-    job.run, job.t0, job.name, job.resumed_from = run, 0.0, run['name'], None
+    job.run, job.t0, job.name, job.resumed_from, job.lock = run, 0.0, run['name'], None, None
     job.log_path, job.out_path = os.path.join(run['dir'], 'log.jsonl'), os.path.join(run['dir'], 'train.out')
     job.record, job.proc = dict(settings=run['settings'], processes=1, status='running'), types.SimpleNamespace(
         returncode=3)
@@ -280,6 +280,31 @@ def test_a_run_without_a_checkpoint_does_not_make_the_times_mixed(tmp_path):
     summary, _ = report.summarize(cfg, ['gelu', 'relu2'], [1337], 'gelu', planned,
                                   {planned[0]['dir']: 'done', planned[1]['dir']: 'stopped'})
     assert summary['compiled'] == 'off'
+
+
+def test_the_token_budget_shown_is_the_longest_runs_not_the_first_variants(tmp_path):
+    """A first variant that diverged early logged fewer tokens than the budget the finished runs trained on."""
+    summary = json.load(open(os.path.join(REPO, 'results', 'compare_shakespeare_char', 'summary.json')))
+    first = next(iter(summary['variants'].values()))
+    budget, first['tokens'] = first['tokens'], first['tokens'] // 2
+    report.write_markdown(str(tmp_path / 'summary.md'), summary)
+    assert f"{budget:,} training tokens per run" in (tmp_path / 'summary.md').read_text()
+
+
+def test_a_planned_run_that_diverged_before_its_first_checkpoint_keeps_its_settings(shakespeare_char_dir, tmp_path):
+    """--plan records each listed run's settings: a planned run not started yet pins nothing, but once it logged
+    (here: diverged before any checkpoint) a changed setting is another run, not this outcome reused."""
+    argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={tmp_path}', '--variants=gelu', '--seeds=1', '--lrs=',
+            *TINY]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        compare.main(argv + ['--plan=True'])
+    (run,) = compare.plan(compare.settings(argv + ['--learning_rate=1e-3']))[3]
+    assert runs.run_state(run) == 'scratch'  # planned, never started: the new settings simply replace the plan
+    rundir.append_log(os.path.join(run['dir'], 'log.jsonl'), {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
+    with open(os.path.join(run['dir'], 'stopped.txt'), 'w') as f:
+        f.write('the training loss became non-finite\n')
+    assert runs.run_state(compare.plan(compare.settings(argv))[3][0]) == 'stopped'
+    assert runs.run_state(run) == 'mismatch'
 
 
 def test_a_bundled_dataset_is_prepared_on_demand(tmp_path):

@@ -291,12 +291,29 @@ def test_a_run_directory_has_one_owner(world, tmp_path, capsys):
     assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == it + 2
 
 
+def test_a_lock_compare_holds_for_its_torchrun_processes_is_theirs_alone(tmp_path):
+    """torchrun passes no descriptor on, so compare.py keeps a DDP run's lock and names its file to the run."""
+    import rundir
+    lock, _ = rundir.try_lock_run_dir(str(tmp_path / 'run'))
+    other, _ = rundir.try_lock_run_dir(str(tmp_path / 'other'))
+    code = 'import rundir, sys; print(rundir.try_lock_run_dir(sys.argv[1])[1])'
+    for held, owner in (('run', 'None'), ('other', f'PID {os.getpid()}'), (None, f'PID {os.getpid()}')):
+        env = {**os.environ, rundir.LOCK_FD_ENV: rundir.HELD + str(tmp_path / held / '.lock') if held else ''}
+        p = subprocess.run([sys.executable, '-c', code, str(tmp_path / 'run')], cwd=ROOT, env=env, capture_output=True,
+                           text=True)
+        assert p.stdout.startswith(owner), (held, p.stdout, p.stderr)
+    lock.close()
+    other.close()
+
+
 @pytest.mark.slow
-def test_two_compares_on_one_out_dir_train_each_run_once(world, tmp_path):
+@pytest.mark.parametrize('nproc', [1, 2])
+def test_two_compares_on_one_out_dir_train_each_run_once(world, tmp_path, nproc):
     """Started together, two compare.py share the runs through their directories' locks: each run is trained by one
-    of them (its train.out holds one train.py command), and both finish with the full summary."""
+    of them (its train.out holds one train.py command), and both finish with the full summary; also when each run is
+    2 DDP processes under torchrun."""
     cmd = [sys.executable, 'compare.py', '--variants=gelu', '--seeds=1', '--lrs=', '--max_iters=2', '--eval_interval=2',
-           *TINY, f'--data_dir={world.data}', f'--out_dir={tmp_path}']
+           *TINY, f'--data_dir={world.data}', f'--out_dir={tmp_path}', f'--nproc_per_run={nproc}']
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
     procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(2)]

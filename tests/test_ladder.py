@@ -61,6 +61,12 @@ def test_size_settings_token_budget_and_learning_rate_rules(shakespeare_char_dir
     for k in (1e30, 1e305):  # a budget no one means, and one whose product with N overflows to inf
         with pytest.raises(UserError, match='iterations'):
             ladder.size_settings({**cfg, 'tokens_per_param': k})
+    for key in ('batch_size', 'gradient_accumulation_steps', 'nproc_per_run'):  # not a division by zero
+        with pytest.raises(UserError, match='at least 1'):
+            ladder.size_settings({**cfg, key: 0})
+    # listed rates scale with the learning rate they contain, so every size's sweep contains its own
+    swept = ladder.size_settings({**cfg, 'lrs': '5e-4,1e-3,2e-3'})[1]['settings']
+    assert compare.learning_rates({**cfg, **swept}) == pytest.approx([2.5e-4, 5e-4, 1e-3])
 
 
 @pytest.mark.parametrize('moe', [False, True])

@@ -26,6 +26,10 @@ def test_power_law_fit_recovers_known_parameters_within_its_uncertainty():
         assert fit[f'{key}_se'] < 0.5 * true  # an uncertainty that says something, not one that covers anything
 
 
+def test_the_compute_of_a_nearly_flat_law_is_infinite_not_an_overflow():
+    assert stats.compute_for_loss({'A': 15.8, 'E': 0.0, 'alpha': 0.002}, 3.4) == math.inf
+
+
 def test_power_law_fit_with_three_sizes_is_not_identifiable():
     n = np.repeat([1e4, 1e5, 1e6], 2)
     fit = stats.power_law_fit(n, 2.0 + 10 * n ** -0.3)

@@ -110,7 +110,8 @@ def test_sweep_settings_are_checked_up_front(tmp_path):
                          (['--lrs=2e-3,-1'], 'above 0'), (['--lr_grid=2'], 'give one of them'),
                          (['--lrs=', '--lr_grid=-1'], 'between 0 and 10'), (['--lrs=', '--lr_grid=1100'], 'between'),
                          (['--lrs=', '--lr_grid=2', '--learning_rate=0'], 'above 0'),
-                         (['--eval_iters=1'], 'eval_iters')]:
+                         (['--eval_iters=1'], 'eval_iters'),
+                         (['--lrs=1e-3,1.0001e-3,2e-3'], 'share a run directory')]:
         with pytest.raises(UserError, match=words):
             compare.plan(settings(tmp_path / 'cmp', *extra))
     grid = compare.learning_rates({**settings(tmp_path / 'cmp', '--lrs='), 'lr_grid': 2})
@@ -151,7 +152,7 @@ def test_a_tiny_sweep_end_to_end_reused_and_planned(shakespeare_char_dir, tmp_pa
     assert all(len(x['rates']) == 3 for x in summary['lr'].values())
     assert '## Learning rates' in (out / 'summary.md').read_text() and (out / 'lr.png').stat().st_size > 10_000
     code, err = call(compare.main, argv, capsys)
-    assert code == 0 and '(12 to reuse, 0 to train)' in err
+    assert code == 0 and 'x 3 rates = 12 runs' in err and '(12 to reuse, 0 to train)' in err
     with contextlib.redirect_stdout(io.StringIO()) as plan:
         compare.main([a.replace(str(out), str(tmp_path / 'fresh')) for a in argv] + ['--plan=True'])
     lines = plan.getvalue().splitlines()

@@ -141,6 +141,19 @@ def test_resume_refuses_a_dataset_prepared_again_with_another_vocabulary(tiny_ru
     assert code == 2 and 'another vocabulary' in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_new_run_sets_the_old_logs_damaged_lines_aside(tiny_run, tmp_path):
+    """Trained again over an old run (--overwrite, or by compare.py), a damaged line of the old log is kept."""
+    import shutil
+    data, out = tiny_run
+    run_dir = str(tmp_path / 'run')
+    shutil.copytree(out, run_dir)
+    with open(os.path.join(run_dir, 'log.jsonl'), 'a') as f:
+        f.write('{"iter": 4 "loss": 1.0}\n')
+    train_here(data, run_dir, '--max_iters=2', '--eval_interval=2', '--overwrite=True')
+    assert open(os.path.join(run_dir, 'log.jsonl.damaged')).read() == '{"iter": 4 "loss": 1.0}\n'
+    assert [r['iter'] for r in log(run_dir)] == [0, 1, 2]
+
+
 def test_checkpoint_contents(tiny_run):
     _, out = tiny_run
     ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)  # plain data: loads without pickle code
