@@ -299,6 +299,9 @@ def main(argv):
         profile(cfg)
         return
     if cfg["json"]:  # the report goes there: say so before the work, not after
+        if os.path.isdir(cfg["json"]):
+            raise UserError(f"--json={cfg['json']} is a folder; give the report a file name, e.g. "
+                            f"--json={os.path.join(cfg['json'], 'bench.json')}.")
         check_writable(os.path.dirname(cfg["json"]) or ".", create=True)
     report = benchmark(cfg, argv)
     m = report["machine"]

@@ -78,8 +78,8 @@ def shard_paths(dataset_dir, split):
 
 def check_out_dir(out_dir, shard_tokens=SHARD_TOKENS):
     """Creates out_dir, or a UserError if it cannot take files: before any work, before anything is removed."""
-    if shard_tokens < 1:
-        raise UserError(f"--shard_tokens must be at least 1, got {shard_tokens}.")
+    if not 1 <= shard_tokens < 2**31:  # the header counts a shard's tokens in an int32
+        raise UserError(f"--shard_tokens must be between 1 and {2**31 - 1}, got {shard_tokens}.")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UserError(f"--out_dir={out_dir} is a file, not a folder; choose another --out_dir.")
     check_writable(out_dir, create=True)
@@ -87,23 +87,26 @@ def check_out_dir(out_dir, shard_tokens=SHARD_TOKENS):
 
 def write_dataset(dataset_dir, train, val, meta, shard_tokens=SHARD_TOKENS):
     """A dataset as {split}_000.bin, ... of at most shard_tokens tokens, then meta.json last (it marks a complete
-    dataset). The new shards replace the earlier ones only once all are written: a failed write changes nothing."""
+    dataset). The new files replace the earlier ones only once all are written: a failed write changes nothing."""
     check_out_dir(dataset_dir, shard_tokens)
     parts = [(f"{split}_{k:03d}.bin", tokens[i:i + shard_tokens]) for split, tokens in (("train", train), ("val", val))
              for k, i in enumerate(range(0, max(len(tokens), 1), shard_tokens))]
+    names = [name for name, _ in parts] + ["meta.json"]  # meta.json last: it marks a complete dataset
     staged = lambda name: os.path.join(dataset_dir, STAGING + name)
+    meta = {**meta, "train_tokens": len(train), "val_tokens": len(val)}
     try:
         for name, tokens in parts:
             write_shard(staged(name), tokens)
+        write_json(staged("meta.json"), meta)
     except BaseException:
-        for name, _ in parts:
+        for name in names:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(staged(name))
         raise
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(dataset_dir, "meta.json"))  # until the new one is in, the dataset reads as not prepared
     for path in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val"):
         os.remove(path)  # no stale shard may outlive a re-prepare
-    for name, _ in parts:
+    for name in names:
         os.replace(staged(name), os.path.join(dataset_dir, name))
-    meta = {**meta, "train_tokens": len(train), "val_tokens": len(val)}
-    write_json(os.path.join(dataset_dir, "meta.json"), meta)
     return meta

@@ -65,11 +65,12 @@ def test_ratios_are_against_the_baseline_of_the_same_run(report):
     assert rows[("gelu", False)]["ratios"]["step_time"] == 1.0
 
 
-def test_user_mistakes_are_one_sentence_errors():
+def test_user_mistakes_are_one_sentence_errors(tmp_path):
     for args, words in [(["--variants=gelu,nope"], "unknown ffn"), (["--compile=maybe"], "--compile"),
                         (["--n_head=3"], "divisible"), (["--profile=nope"], "unknown ffn"),
                         (["--vocab_size=0"], "--vocab_size must be at least 1"),
-                        (["--json=/proc/nope/bench.json"], "cannot create the folder")]:  # before the work
+                        (["--json=/proc/nope/bench.json"], "cannot create the folder"),
+                        ([f"--json={tmp_path}"], "is a folder")]:  # before the work
         with pytest.raises(UserError, match=words):
             bench.main(TINY + ["--repeats=1", "--json="] + args)
 

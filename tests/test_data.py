@@ -198,7 +198,7 @@ def read_split(out_dir, prefix):
 
 @pytest.fixture
 def owt(tmp_path, monkeypatch):
-    """The openwebtext prepare module with download() replaced by two local synthetic archives."""
+    """The openwebtext prepare module with download() replaced by copies of two local synthetic archives."""
     module = load_script("data/openwebtext/prepare.py")
     archives, expected = {}, {}
     for subset in (0, 1):
@@ -208,7 +208,7 @@ def owt(tmp_path, monkeypatch):
 
     def fake_download(subset, cache_dir):
         downloads.append(subset)
-        return archives[subset]
+        return shutil.copy(archives[subset], archives[subset] + ".download")  # a download is deleted once used
     monkeypatch.setattr(module, "download", fake_download)
     module.test_downloads, module.test_expected = downloads, expected
     return module
@@ -283,6 +283,45 @@ def test_openwebtext_interrupted_run_resumes_to_identical_shards(owt, tmp_path, 
     owt.prepare(out_dir=str(interrupted), **OWT_ARGS)
     assert all_files(interrupted) == all_files(clean)
     assert len([n for n in os.listdir(clean) if n.endswith(".bin")]) >= 8
+
+
+def test_redoing_a_finished_openwebtext_subset_keeps_it_until_its_new_shards_are_whole(owt, tmp_path, monkeypatch):
+    out = tmp_path / "owt"
+    owt.prepare(out_dir=str(out), **{**OWT_ARGS, "subsets": "0"})
+    before = all_files(out)
+    redo = {**OWT_ARGS, "subsets": "0", "val_fraction": 0.5}  # other settings: the subset is not done
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "urlsf_subset00.tar").write_text("not a tar")
+    with pytest.raises(UserError, match=r"subset00.tar is not a tar file .*; replace it \(delete a downloaded one"):
+        owt.prepare(out_dir=str(out), archive_dir=str(tmp_path / "bad"), **redo)
+    assert all_files(out) == before
+    # stopped as the earlier shards go: the earlier record went first, so no record lists missing shards
+    real_remove = os.remove
+
+    def remove(path):
+        if os.path.basename(path).startswith("train_s00_"):
+            raise KeyboardInterrupt
+        real_remove(path)
+    monkeypatch.setattr(os, "remove", remove)
+    with pytest.raises(KeyboardInterrupt):
+        owt.prepare(out_dir=str(out), **redo)
+    monkeypatch.setattr(os, "remove", real_remove)
+    assert not (out / "done_s00.json").exists()
+    owt.prepare(out_dir=str(out), **redo)
+    record = json.load(open(out / "done_s00.json"))
+    assert record["val_fraction"] == 0.5 and len(record["train_shards"]) < len([n for n in before if "train" in n])
+    assert sorted(n for n in os.listdir(out) if n.endswith(".bin")) == record["train_shards"] + record["val_shards"]
+
+
+def test_archive_dir_archives_are_all_checked_first_and_never_deleted(owt, tmp_path):
+    out = tmp_path / "owt"
+    (tmp_path / "only0").mkdir()
+    shutil.copy(tmp_path / "urlsf_subset00.tar", tmp_path / "only0")
+    with pytest.raises(UserError, match="there is no .*only0/urlsf_subset01.tar"):
+        owt.prepare(out_dir=str(out), archive_dir=str(tmp_path / "only0"), **OWT_ARGS)
+    assert os.listdir(out) == []  # subset 0 was not tokenised first
+    owt.prepare(out_dir=str(out), archive_dir=str(tmp_path), cache_dir=str(tmp_path), **OWT_ARGS)  # inside the cache
+    assert owt.test_downloads == [] and all(os.path.isfile(tmp_path / f"urlsf_subset0{s}.tar") for s in (0, 1))
 
 
 def test_openwebtext_says_clearly_what_is_wrong(owt, tmp_path, monkeypatch):
@@ -477,12 +516,46 @@ def test_prepare_mistakes_are_one_sentence_and_keep_what_was_written(tmp_path):
     write_dataset(str(tmp_path / "ds"), np.arange(10) % 10, np.arange(5), meta, shard_tokens=4)
     before = all_files(tmp_path / "ds")
     for bad in (0, -3):
-        with pytest.raises(UserError, match="--shard_tokens must be at least 1"):
+        with pytest.raises(UserError, match="--shard_tokens must be between 1 and 2147483647"):
             write_dataset(str(tmp_path / "ds"), np.arange(10), np.arange(5), meta, shard_tokens=bad)
     assert all_files(tmp_path / "ds") == before  # the earlier shards are still there
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(UserError, match="cannot create the folder .*file/ds \\(Not a directory\\)"):
         write_dataset(str(tmp_path / "file" / "ds"), np.arange(10), np.arange(5), meta)
+
+
+def test_a_failed_meta_write_leaves_the_earlier_dataset_whole(tmp_path, monkeypatch):
+    meta = {"dataset": "ds", "tokenizer": "char", "vocab_size": 10}
+    write_dataset(str(tmp_path / "ds"), np.arange(20) % 10, np.arange(10), meta, shard_tokens=4)
+    before = all_files(tmp_path / "ds")
+
+    def full_disk(path, obj):
+        raise RunStopped(f"could not write {path} (No space left on device)")
+    monkeypatch.setattr(shards, "write_json", full_disk)
+    with pytest.raises(RunStopped):
+        write_dataset(str(tmp_path / "ds"), np.arange(30) % 5, np.arange(9), {**meta, "vocab_size": 5}, shard_tokens=4)
+    assert all_files(tmp_path / "ds") == before
+    # stopped as the files are swapped, the dataset reads as not prepared, never as new shards with the old meta.json
+    monkeypatch.undo()
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(shards, "shard_paths", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_dataset(str(tmp_path / "ds"), np.arange(30) % 5, np.arange(9), {**meta, "vocab_size": 5}, shard_tokens=4)
+    with pytest.raises(DatasetNotPrepared):
+        DataLoader("ds", 2, 1, 0, data_dir=str(tmp_path))
+
+
+def test_text_prepare_keeps_a_name_inside_data(tmp_path, monkeypatch):
+    text_prepare = load_script("data/text/prepare.py")
+    monkeypatch.setattr(text_prepare, "DATA", str(tmp_path / "data"))
+    (tmp_path / "in.txt").write_text("some text to tokenize " * 10)
+    for name in ("", ".", "..", "a/b", "../x"):
+        with pytest.raises(UserError, match="is not a plain folder name"):
+            text_prepare.prepare(str(tmp_path / "in.txt"), "char", name=name)
+    assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+    assert text_prepare.prepare(str(tmp_path / "in.txt"), "char", name="mine")["dataset"] == "mine"
 
 
 # ------------------------------------------------------------------------- command lines, run in this process
@@ -514,7 +587,8 @@ def scripts(monkeypatch):
     ("openwebtext", ["--val_fraction=2"], "--val_fraction must be between 0 and 1"),
     ("openwebtext", ["--num_threads=-1"], "--num_threads must be at least 0"),
     ("openwebtext", ["--subsets=0,5-3"], "a range goes from low to high"),
-    ("openwebtext", ["--shard_tokens=0"], "--shard_tokens must be at least 1"),
+    ("openwebtext", ["--shard_tokens=0"], "--shard_tokens must be between 1 and 2147483647"),
+    ("openwebtext", ["--shard_tokens=1000000000000"], "--shard_tokens must be between 1 and 2147483647"),
     ("openwebtext", ["--subset=1"], "unknown config key 'subset' (did you mean 'subsets'"),
     ("text", ["--val_fraction=abc"], "--val_fraction expects a float"),
     ("text", ["--shard_tokens=1.5"], "--shard_tokens expects an int"),

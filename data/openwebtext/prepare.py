@@ -110,7 +110,8 @@ def open_archive(archive_path):
     try:
         outer = tarfile.open(archive_path, "r:")  # the outer tar is not compressed: members are read in place
     except (OSError, tarfile.TarError) as e:
-        raise UserError(f"{archive_path} is not a tar file ({e}); delete it and rerun to download it again.")
+        raise UserError(f"{archive_path} is not a tar file ({e}); replace it (delete a downloaded one to download it "
+                        f"again).")
     members = [m for m in outer.getmembers() if m.isfile()]
     if not any(m.name.endswith(".xz") for m in members):
         outer.close()
@@ -142,7 +143,8 @@ def document_batches(archive_path, outer, xz_members):
                             keys, texts, nbytes = [], [], 0
             except (lzma.LZMAError, tarfile.TarError, EOFError) as e:
                 raise UserError(f"{archive_path} is not laid out as {REPO_ID} subsets are: {member.name} is not an "
-                                f"xz-compressed tar ({e}); delete the archive and rerun to download it again.")
+                                f"xz-compressed tar ({e}); replace the archive (delete a downloaded one to download "
+                                f"it again).")
             nbytes += member.size
         yield keys, texts, nbytes
 
@@ -197,12 +199,12 @@ def is_done(out_dir, subset, shard_tokens=SHARD_TOKENS, val_fraction=VAL_FRACTIO
 def prepare_subset(subset, archive_path, out_dir, shard_tokens=SHARD_TOKENS, val_fraction=VAL_FRACTION, num_threads=None):
     """Tokenises one downloaded subset archive into its shards and writes its done record; returns the record."""
     tag = f"s{subset:02d}"
-    for path in glob.glob(os.path.join(glob.escape(out_dir), f"*_{tag}_*")):  # [partial_]{train,val}_sNN_*
+    outer, xz_members = open_archive(archive_path)  # a bad archive changes nothing
+    for path in glob.glob(os.path.join(glob.escape(out_dir), f"{STAGING}*_{tag}_*")):
         os.remove(path)  # an interrupted run's leftovers: the subset is redone from its start
     tok = GPT2Tokenizer()
     train, val = (ShardWriter(out_dir, f"{split}_{tag}", shard_tokens) for split in ("train", "val"))
     n_docs = n_val_docs = 0
-    outer, xz_members = open_archive(archive_path)
     total = sum(m.size for m in xz_members)
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"tokenizing subset {subset:02d}") as bar:
         for keys, texts, nbytes in prefetch(document_batches(archive_path, outer, xz_members)):
@@ -216,7 +218,11 @@ def prepare_subset(subset, archive_path, out_dir, shard_tokens=SHARD_TOKENS, val
             n_docs += len(keys)
             bar.update(nbytes)
             bar.set_postfix(docs=n_docs, tokens=train.tokens + val.tokens)
-    # the subset is complete: give its shards their final names (train_sNN_*, read by the loader), then the record
+    # the subset is complete: its earlier record goes (first, so that no record lists missing shards), then its
+    # earlier shards; the new shards get their final names (train_sNN_*, read by the loader), then the new record
+    for pattern in (f"done_{tag}.json", f"train_{tag}_*", f"val_{tag}_*"):
+        for path in glob.glob(os.path.join(glob.escape(out_dir), pattern)):
+            os.remove(path)
     for name in train.close() + val.close():
         os.replace(os.path.join(out_dir, STAGING + name), os.path.join(out_dir, name))
     record = {"subset": subset, "file": subset_filename(subset), "repo": REPO_ID, "revision": REVISION,
@@ -248,22 +254,22 @@ def prepare(subsets="", num_subsets=0, out_dir=HERE, cache_dir="", shard_tokens=
         raise UserError(f"--num_threads must be at least 0 (0: one per core), not {num_threads}.")
     check_out_dir(out_dir, shard_tokens)
     cache_dir = cache_dir or os.path.join(out_dir, "cache")
+    todo = [subset for subset in chosen if not is_done(out_dir, subset, shard_tokens, val_fraction)]
     for subset in chosen:
-        if is_done(out_dir, subset, shard_tokens, val_fraction):
+        if subset not in todo:
             print(f"subset {subset:02d} is already done in {out_dir}; skipping it")
-            continue
-        if archive_dir:
-            archive = os.path.join(archive_dir, os.path.basename(subset_filename(subset)))
-            if not os.path.isfile(archive):
-                raise UserError(f"there is no {archive}; put the subset archives in --archive_dir or leave it out to "
-                                f"download them.")
-        else:
-            archive = download(subset, cache_dir)
+    local = lambda subset: os.path.join(archive_dir, os.path.basename(subset_filename(subset)))
+    missing = [local(subset) for subset in todo if archive_dir and not os.path.isfile(local(subset))]
+    if missing:  # said before minutes of tokenizing the first subset
+        raise UserError(f"there is no {missing[0]}; put the subset archives in --archive_dir or leave it out to "
+                        f"download them.")
+    for subset in todo:
+        archive = local(subset) if archive_dir else download(subset, cache_dir)
         record = prepare_subset(subset, archive, out_dir, shard_tokens, val_fraction, num_threads)
         write_meta(out_dir)
         print(f"subset {subset:02d}: {record['documents']:,} documents, {record['train_tokens']:,} train + "
               f"{record['val_tokens']:,} val tokens")
-        if not keep_archives and os.path.abspath(archive).startswith(os.path.abspath(cache_dir) + os.sep):
+        if not (keep_archives or archive_dir):
             os.remove(archive)  # only our own download, never an archive the user pointed us to
     return write_meta(out_dir)
 

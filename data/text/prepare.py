@@ -53,6 +53,8 @@ def prepare(inputs, tokenizer="gpt2", out_dir="", name="text", val_fraction=0.1,
         raise UserError(f"unknown tokenizer {tokenizer!r}; use --tokenizer=gpt2 or --tokenizer=char.")
     if not 0 < val_fraction < 1:
         raise UserError(f"--val_fraction must be between 0 and 1, not {val_fraction}.")
+    if not out_dir and (name in ("", ".", "..") or os.path.basename(name) != name):  # it must stay inside data/
+        raise UserError(f"--name={name} is not a plain folder name; give one such as --name=mytext, or an --out_dir.")
     out_dir = out_dir or os.path.join(DATA, name)
     check_out_dir(out_dir, shard_tokens)
     files = find_files(inputs)
