@@ -394,4 +394,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill`, `timeout`: the runs stop cleanly, as on Ctrl-C
     run_cli(main)

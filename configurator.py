@@ -218,7 +218,7 @@ _TYPE_NAMES = {bool: 'a bool (True/False)', int: 'an int', float: 'a float', str
 
 def coerce(key, value, want, default, where):
     """Return `value` (a Python object) as type `want`, or raise UserError."""
-    if value is None and default is None:
+    if default is None and (value is None or str(value).strip().lower() == 'auto'):  # a config file's 'auto' too
         return None
     if want is bool and isinstance(value, str) and value.lower() in ('true', 'false', '1', '0'):
         return value.lower() in ('true', '1')

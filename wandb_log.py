@@ -14,7 +14,7 @@ def start(cfg, out_dir):
                           tags=split_list(cfg['wandb_tags']) or None)
     except Exception as e:
         raise UserError(f"wandb could not start a run ({type(e).__name__}: {e}); log in (wandb login), set "
-                        f"WANDB_MODE=offline, or drop --wandb_log.") from None
+                        f"WANDB_MODE=offline, or turn it off with --wandb_log=False.") from None
 
 
 def fields(record, prefix=''):

@@ -307,6 +307,12 @@ def test_a_planned_run_that_diverged_before_its_first_checkpoint_keeps_its_setti
     assert runs.run_state(run) == 'mismatch'
 
 
+def test_what_a_run_is_leaves_out_where_and_how_it_ran():
+    run = compare.plan(compare.settings(['--variants=gelu', '--seeds=1', '--lrs=', *TINY]))[3][0]
+    same = {**run['settings'], 'out_dir': 'elsewhere', 'compile': True, 'peak_flops': 989e12, 'wandb_log': True}
+    assert runs.identity(same, 1) == runs.identity(run['settings'], 1) != runs.identity({**same, 'seed': 1}, 1)
+
+
 def test_a_bundled_dataset_is_prepared_on_demand(tmp_path):
     """`python compare.py` on a fresh clone: the bundled corpus is turned into shards instead of refusing."""
     cfg = dict(compare.DEFAULTS, dataset='shakespeare_char', data_dir=str(tmp_path), block_size=64, batch_size=4)

@@ -325,6 +325,25 @@ def test_two_compares_on_one_out_dir_train_each_run_once(world, tmp_path, nproc)
         assert len(commands) == 1, (variant, outputs)
 
 
+@pytest.mark.slow
+def test_a_terminated_compare_stops_its_runs(world, tmp_path):
+    """SIGTERM (kill, timeout) ends compare.py as Ctrl-C does: its train.py is stopped too and the directory freed."""
+    import rundir
+    cmd = [sys.executable, 'compare.py', '--variants=gelu', '--seeds=1', '--lrs=', '--max_iters=100000', *TINY,
+           f'--data_dir={world.data}', f'--out_dir={tmp_path}']
+    p = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, 'OMP_NUM_THREADS': '1'}, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    log = tmp_path / 'gelu' / 'seed1337' / 'log.jsonl'
+    while not (log.exists() and log.stat().st_size > 0):
+        assert p.poll() is None
+        time.sleep(0.2)
+    p.terminate()
+    assert p.wait(timeout=60) == 143
+    lock, owner = rundir.try_lock_run_dir(str(log.parent))
+    assert owner is None  # no train.py left holding the run
+    lock.close()
+
+
 def test_shards_record_their_largest_token_id_and_foreign_shards_still_load(tmp_path):
     """Our shards carry 1 + the largest id in header[3]; a shard with zeros there (modded-nanogpt's FineWeb) loads and
     is checked when first read."""

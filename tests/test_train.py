@@ -266,6 +266,8 @@ def test_configurator_config_file(tmp_path):
     f.write_text("n_layers = 6\n")
     with pytest.raises(UserError, match="n_layers"):
         parse_args(DEFAULTS, [str(f)])
+    f.write_text("compile = 'auto'\n")  # as on the command line, where --compile=auto works
+    assert parse_args(DEFAULTS, [str(f)], types=configurator.TYPES)[0]['compile'] is None
 
 
 def test_run_cli_exit_codes(capsys):
