@@ -242,7 +242,8 @@ def try_lock_run_dir(out_dir):
     """(lock file, None) if this process now owns out_dir, or (None, 'PID n on host h') naming the process that does.
     An exclusive fcntl.flock on out_dir/.lock (which holds the owner's PID and host), released by the kernel when its
     process ends, however it ends: a dead run's lock is simply taken over. Closing the file releases it; a child started
-    with its descriptor in LOCK_FD_ENV shares it (or with HELD + its path: the parent holds it for the child). On network filesystems it may exclude only processes of one machine."""
+    with its descriptor in LOCK_FD_ENV shares it (with HELD + its path there, the parent holds it for the child). On
+    network filesystems it may exclude only processes of one machine."""
     path = os.path.join(out_dir, '.lock')
     try:
         os.makedirs(out_dir, exist_ok=True)
