@@ -192,8 +192,9 @@ def test_report_of_planned_runs_equals_compare_running_them(planned):
     assert a['variants']['moa']['diff_to_baseline']['std'] is not None  # two seeds: the statistics are there
     assert strip_paths_and_times(b) == strip_paths_and_times(a)
     assert '(4 to reuse, 0 to train)' in planned['report'][1]
-    # recognised by the settings their checkpoints hold: compare.py never wrote a record for them
-    assert not any('compare.json' in files for _, _, files in os.walk(planned['elsewhere']))
+    # compare.py only planned them: their records say so (their checkpoints say what they are)
+    records = [os.path.join(d, 'compare.json') for d, _, files in os.walk(planned['elsewhere']) if 'ckpt.pt' in files]
+    assert len(records) == 4 and all(json.load(open(r))['status'] == 'planned' for r in records)
     assert '| moa |' in planned['report'][0]
     # nothing is left to do: planning again lists nothing
     again = run_main(compare_cmd(planned['data'], planned['elsewhere'], '--plan=True')[2:])
