@@ -191,32 +191,32 @@ class Job:
         cmd = command_line(run, mode)
         env = dict(os.environ, PYTHONUNBUFFERED='1', TORCHINDUCTOR_CACHE_DIR=compile_cache_dir(),
                    **cluster.gpu_env(gpus), **cluster.thread_env(threads))
-        fds = (lock.fileno(),) if run['processes'] == 1 else ()  # torchrun does not pass it on: held here instead
-        env[LOCK_FD_ENV] = str(fds[0]) if fds else HELD + os.path.abspath(os.path.join(d, '.lock'))
-        self.lock = None if fds else lock  # released when the torchrun processes have ended
+        # the child shares the lock (one open file); torchrun holds it for its workers, whom it passes no descriptor
+        held = HELD + os.path.abspath(os.path.join(d, '.lock'))
+        env[LOCK_FD_ENV] = str(lock.fileno()) if run['processes'] == 1 else held
         try:
             with open(self.out_path, 'a') as out:
                 print(f"$ {' '.join(cmd)}", file=out, flush=True)
                 self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             env=env, pass_fds=fds)
+                                             env=env, pass_fds=(lock.fileno(),))
         except OSError as e:
-            lock.close()
             raise RunStopped(f"could not start the {run['variant']} run in {d} ({e.strerror or e}).") from None
-        if fds:
-            lock.close()  # the child holds the lock now (one lock, shared), released when it exits
+        finally:
+            lock.close()  # the child holds the lock now, released when it exits
 
     def progress(self):
         log = read_log(self.log_path)
         return f"{log[-1]['iter']}" if log else 'starting'
 
     def interrupt(self, signalled):
-        """Stop the child (it resumes later from its last checkpoint); after a Ctrl-C it has had SIGINT already."""
+        """Stop the child (it resumes later from its last checkpoint); after a Ctrl-C it has had SIGINT already.
+        torchrun gets SIGTERM, which ends its workers with it (after SIGINT they may outlive it)."""
         try:
             self.proc.wait(timeout=5 if signalled else 0)
         except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGINT)
+            self.proc.send_signal(signal.SIGINT if self.run['processes'] == 1 else signal.SIGTERM)
             try:
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 
@@ -224,8 +224,6 @@ class Job:
         """Once the child exited: record how it ended and return a line saying so. A divergence (train.py leaves
         stopped.txt) is the run's outcome; any other failure, a full disk included, raises."""
         rc, run = self.proc.returncode, self.run
-        if self.lock:
-            self.lock.close()
         tail = last_error_line(self.out_path)
         # train.py's note of a divergence, written by this try (torchrun exits 1 when a process of its run exits 3)
         stopped = os.path.join(run['dir'], STOPPED)
@@ -308,9 +306,10 @@ def run_comparison(cfg):
         states, todo = todo_of(cfg, runs)
         if cfg['plan']:  # each listed run's settings recorded: one that stops before its first checkpoint is known
             for run, _ in todo:
-                check_writable(run['dir'], create=True)
-                write_json(os.path.join(run['dir'], RECORD), dict(settings=run['settings'], processes=run['processes'],
-                                                                  status='planned'))
+                if states[run['dir']] != 'mismatch':  # a mismatch's record still says what its directory holds
+                    check_writable(run['dir'], create=True)
+                    write_json(os.path.join(run['dir'], RECORD), dict(settings=run['settings'], status='planned',
+                                                                      processes=run['processes']))
             return cluster.print_plan(todo, len(runs), cfg['threads'])
         if todo or first:  # the first round also says what it reuses
             train_runs(cfg, variants, seeds, runs, states, todo)

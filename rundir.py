@@ -23,7 +23,7 @@ from configurator import MODEL_KEYS, RunStopped, UserError
 
 STOPPED = 'stopped.txt'
 LOCK_FD_ENV = 'NANOFFN_LOCK_FD'  # compare.py hands the lock it took for a run to the train.py it starts
-HELD = 'held:'  # ... or, for torchrun (which passes no descriptor on), keeps it and names the lock file after this
+HELD = 'held:'  # ... or, to torchrun's workers (it passes no descriptor on), the lock file torchrun holds for them
 
 # ----------------------------------------------------------------------------------------------------------------------
 # writing
@@ -242,7 +242,7 @@ def try_lock_run_dir(out_dir):
     """(lock file, None) if this process now owns out_dir, or (None, 'PID n on host h') naming the process that does.
     An exclusive fcntl.flock on out_dir/.lock (which holds the owner's PID and host), released by the kernel when its
     process ends, however it ends: a dead run's lock is simply taken over. Closing the file releases it; a child started
-    with its descriptor in LOCK_FD_ENV shares it (with HELD + its path there, the parent holds it for the child). On
+    with its descriptor in LOCK_FD_ENV shares it (with HELD + its path there, its parent holds it for it). On
     network filesystems it may exclude only processes of one machine."""
     path = os.path.join(out_dir, '.lock')
     try:

@@ -205,10 +205,12 @@ class Trainer:
 
     def resume(self, checkpoint):
         """Optimizer, scaler, counters, and every rank's data stream and RNG, from the checkpoint."""
-        built = [{k: v for k, v in g.items() if k != 'params'} for g in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(checkpoint['optimizer'])
-        for group, hyper in zip(self.optimizer.param_groups, built):
-            group.update(hyper)  # the checkpoint brings the moments; weight_decay and betas are this run's settings
+        # the checkpoint brings the moments; weight_decay, betas and the device's fused kernel are this run's (merged
+        # before loading, which places each state by its group's kernel)
+        saved, built = checkpoint['optimizer'], [{k: v for k, v in g.items() if k != 'params'}
+                                                 for g in self.optimizer.param_groups]
+        self.optimizer.load_state_dict({**saved, 'param_groups': [{**s, **b} for s, b in zip(saved['param_groups'],
+                                                                                            built)]})
         if checkpoint.get('scaler'):
             self.scaler.load_state_dict(checkpoint['scaler'])
         self.iter_num, self.best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']

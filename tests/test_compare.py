@@ -305,6 +305,10 @@ def test_a_planned_run_that_diverged_before_its_first_checkpoint_keeps_its_setti
         f.write('the training loss became non-finite\n')
     assert runs.run_state(compare.plan(compare.settings(argv))[3][0]) == 'stopped'
     assert runs.run_state(run) == 'mismatch'
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # planning changes
+        compare.main(argv + ['--learning_rate=1e-3', '--overwrite=True', '--plan=True'])  # nothing it holds
+    assert runs.run_state(compare.plan(compare.settings(argv))[3][0]) == 'stopped'
+    assert runs.run_state(run) == 'mismatch'
 
 
 def test_what_a_run_is_leaves_out_where_and_how_it_ran():

@@ -325,23 +325,52 @@ def test_two_compares_on_one_out_dir_train_each_run_once(world, tmp_path, nproc)
         assert len(commands) == 1, (variant, outputs)
 
 
-@pytest.mark.slow
-def test_a_terminated_compare_stops_its_runs(world, tmp_path):
-    """SIGTERM (kill, timeout) ends compare.py as Ctrl-C does: its train.py is stopped too and the directory freed."""
-    import rundir
+def start_a_long_comparison(world, out, nproc):
+    """compare.py training one long run of nproc processes, once the run has logged; (compare.py, the run's dir)."""
     cmd = [sys.executable, 'compare.py', '--variants=gelu', '--seeds=1', '--lrs=', '--max_iters=100000', *TINY,
-           f'--data_dir={world.data}', f'--out_dir={tmp_path}']
+           f'--data_dir={world.data}', f'--out_dir={out}', f'--nproc_per_run={nproc}']
     p = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, 'OMP_NUM_THREADS': '1'}, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
-    log = tmp_path / 'gelu' / 'seed1337' / 'log.jsonl'
+    log = out / 'gelu' / 'seed1337' / 'log.jsonl'
     while not (log.exists() and log.stat().st_size > 0):
         assert p.poll() is None
         time.sleep(0.2)
+    return p, str(log.parent)
+
+
+def processes_of(run_dir):
+    p = subprocess.run(['pgrep', '-f', '--', f'--out_dir={run_dir} '], capture_output=True, text=True)
+    assert p.returncode in (0, 1), p.stderr  # 1: none
+    return p.stdout.split()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('nproc', [1, 2])
+def test_a_terminated_compare_stops_its_runs(world, tmp_path, nproc):
+    """SIGTERM (kill, timeout) ends compare.py as Ctrl-C does: its train.py (every torchrun worker) is stopped too
+    and the directory freed."""
+    import rundir
+    p, run_dir = start_a_long_comparison(world, tmp_path, nproc)
     p.terminate()
-    assert p.wait(timeout=60) == 143
-    lock, owner = rundir.try_lock_run_dir(str(log.parent))
-    assert owner is None  # no train.py left holding the run
+    assert p.wait(timeout=120) == 143
+    assert processes_of(run_dir) == []
+    lock, owner = rundir.try_lock_run_dir(run_dir)
+    assert owner is None
     lock.close()
+
+
+@pytest.mark.slow
+def test_a_ddp_run_keeps_its_directory_locked_while_it_trains(world, tmp_path):
+    """compare.py killed outright: its torchrun run trains on, and its directory stays locked until that ends."""
+    import rundir
+    p, run_dir = start_a_long_comparison(world, tmp_path, 2)
+    p.kill()
+    p.wait()
+    try:
+        assert rundir.try_lock_run_dir(run_dir)[1] is not None
+    finally:
+        for pid in processes_of(run_dir):
+            subprocess.run(['kill', '-9', pid])
 
 
 def test_shards_record_their_largest_token_id_and_foreign_shards_still_load(tmp_path):
