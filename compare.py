@@ -26,7 +26,8 @@ from configurator import DEFAULTS as TRAIN_DEFAULTS
 from configurator import TYPES, RunStopped, UserError, check, check_variants, parse_args, run_cli, split_list
 from device import compile_cache_dir, resolve_device, resolve_dtype
 from progress import progress_bar
-from rundir import HELD, LOCK_FD_ENV, STOPPED, check_writable, checkpoint_field, read_log, try_lock_run_dir, write_json
+from rundir import (HELD, LOCK, LOCK_FD_ENV, STOPPED, check_writable, checkpoint_field, read_log, try_lock_run_dir,
+                    write_json)
 from runs import RECORD, command_line, describe_mismatch, make_run, run_state
 
 COMPARE_DEFAULTS = dict(
@@ -192,7 +193,7 @@ class Job:
         env = dict(os.environ, PYTHONUNBUFFERED='1', TORCHINDUCTOR_CACHE_DIR=compile_cache_dir(),
                    **cluster.gpu_env(gpus), **cluster.thread_env(threads))
         # the child shares the lock (one open file); torchrun holds it for its workers, whom it passes no descriptor
-        held = HELD + os.path.abspath(os.path.join(d, '.lock'))
+        held = HELD + os.path.abspath(os.path.join(d, LOCK))
         env[LOCK_FD_ENV] = str(lock.fileno()) if run['processes'] == 1 else held
         try:
             with open(self.out_path, 'a') as out:

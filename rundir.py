@@ -22,6 +22,7 @@ import torch
 from configurator import MODEL_KEYS, RunStopped, UserError
 
 STOPPED = 'stopped.txt'
+LOCK = '.lock'  # a run directory's owner
 LOCK_FD_ENV = 'NANOFFN_LOCK_FD'  # compare.py hands the lock it took for a run to the train.py it starts
 HELD = 'held:'  # ... or, to torchrun's workers (it passes no descriptor on), the lock file torchrun holds for them
 
@@ -244,7 +245,7 @@ def try_lock_run_dir(out_dir):
     process ends, however it ends: a dead run's lock is simply taken over. Closing the file releases it; a child started
     with its descriptor in LOCK_FD_ENV shares it (with HELD + its path there, its parent holds it for it). On
     network filesystems it may exclude only processes of one machine."""
-    path = os.path.join(out_dir, '.lock')
+    path = os.path.join(out_dir, LOCK)
     try:
         os.makedirs(out_dir, exist_ok=True)
         # unbuffered: a write that fails (a full disk) fails at once, never again when the lock is closed
@@ -257,7 +258,7 @@ def try_lock_run_dir(out_dir):
             f.close()
             f = open(int(inherited), 'r+b', buffering=0)
         elif inherited.startswith(HELD) and os.path.samestat(os.stat(inherited[len(HELD):]), os.fstat(f.fileno())):
-            return f, None  # compare.py holds this lock while the processes it started run
+            return f, None  # torchrun, started by compare.py, holds this lock for its workers
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

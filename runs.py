@@ -12,7 +12,7 @@ from configurator import DEFAULTS, split_list, to_argv
 from rundir import STOPPED, checkpoint_field, read_json, read_log
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
-RECORD = 'compare.json'  # in each run directory compare.py started: the run's settings, and how it ended
+RECORD = 'compare.json'  # in each run directory compare.py started or planned: the run's settings, how it ended
 # where a run lives, how it starts, whether it is compiled (the same losses within float rounding) and the FLOP/s its
 # MFU is measured against: not what it is
 NOT_IDENTITY = ('out_dir', 'data_dir', 'init_from', 'overwrite', 'compile', 'compile_mode', 'peak_flops')
