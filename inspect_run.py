@@ -125,7 +125,7 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu'):
     from data.loader import DataLoader
     if bins < 2:
         raise UserError(f"--bins must be at least 2, got {bins}.")
-    ckpt = load_checkpoint(out_dir, "point --out_dir at a train.py run directory.")
+    ckpt = load_checkpoint(out_dir, "a run writes it at its first evaluation: wait for that, or use another --out_dir.")
     model = GPT(model_config(ckpt['model_args']))
     model.load_state_dict(model_state(ckpt['model']))
     model.to(device).eval()
