@@ -28,7 +28,8 @@ import torch
 import configurator
 import device as hw
 from activations import VARIANTS, baseline_of
-from configurator import UserError, check, check_variants, model_config, parse_args, run_cli
+from cli import UserError, parse_args, run_cli
+from configurator import check, check_variants, model_config
 from model import GPT
 from rundir import check_writable, write_json
 

@@ -9,7 +9,7 @@ import os
 import shlex
 import sys
 
-from configurator import UserError
+from cli import UserError
 from runs import command_line
 
 

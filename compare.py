@@ -23,7 +23,8 @@ import ladder
 import plots
 import report
 from configurator import DEFAULTS as TRAIN_DEFAULTS
-from configurator import TYPES, RunStopped, UserError, check, check_variants, parse_args, run_cli, split_list
+from cli import RunStopped, UserError, parse_args, run_cli, split_list
+from configurator import TYPES, check, check_variants
 from device import compile_cache_dir, resolve_device, resolve_dtype
 from progress import progress_bar
 from rundir import (HELD, LOCK, LOCK_FD_ENV, STOPPED, check_writable, checkpoint_field, read_log, try_lock_run_dir,

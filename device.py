@@ -7,7 +7,7 @@ from contextlib import nullcontext
 
 import torch
 
-from configurator import UserError
+from cli import UserError
 
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 PEAK_FLOPS = [('H100', 989e12), ('H200', 989e12), ('A100', 312e12)]  # bf16 dense, per GPU

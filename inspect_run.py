@@ -23,10 +23,11 @@ import numpy as np
 import torch
 
 from activations import MoA, Poly, make_activations
-from configurator import UserError, model_config, parse_args, run_cli
+from cli import UserError, parse_args, run_cli
+from configurator import load_checkpoint, model_config
 from device import resolve_device
 from model import GPT, MoE
-from rundir import check_writable, load_checkpoint, model_state, read_log_lines, save_figure, write_json
+from rundir import check_writable, model_state, read_log_lines, save_figure, write_json
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory: ckpt.pt, log.jsonl; acts.png and acts.json are written there

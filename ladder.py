@@ -5,7 +5,7 @@ import os
 import sys
 
 import stats
-from configurator import UserError, split_list
+from cli import UserError, split_list
 from report import fmt, fmt_count, fmt_loss, meta_model, scale_counts, seed_gaps, time_verdict
 from rundir import write_text
 

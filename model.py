@@ -2,7 +2,7 @@
 The GPT of nanoFFN: nanoGPT's model with a swappable feed-forward layer (any variant of activations.VARIANTS) and an
 optional toy Mixture-of-Experts of those FFNs. Read top to bottom:
     norms, RoPE, attention -> FFN -> MoE -> Block -> GPT (init, forward, reports, optimizer, generate).
-Its settings are configurator.GPTConfig. References: nanoGPT (github.com/karpathy/nanoGPT) for everything not about
+Its settings are GPTConfig, below. References: nanoGPT (github.com/karpathy/nanoGPT) for everything not about
 the FFN; the FFN variants' papers are named in activations.py; the MoE follows the dropless top-k design of OLMoE
 (Muennighoff et al. 2024) and MegaBlocks (Gale et al. 2022), with Switch Transformer's load-balance loss and ST-MoE's
 z-loss.
@@ -13,13 +13,78 @@ init. GPT then re-initialises every weight as GPT-2 does: N(0, 0.02), residual o
 N(0, 0.02/√(2·n_layer)), MoA gate logits zero.
 """
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from activations import glu, make_activations
+from activations import VARIANTS, check_variant, glu, make_activations
 from expert_mm import expert_matmul
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Settings
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 256
+    vocab_size: int = 50257  # the real vocabulary; embeddings are padded to a multiple of 64 for fast matmuls
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384
+    dropout: float = 0.0
+    bias: bool = False
+    norm: str = "rmsnorm"  # rmsnorm | layernorm
+    pos: str = "rope"  # rope | learned
+    # feed-forward
+    ffn: str = "gelu"  # a name of activations.VARIANTS
+    ffn_mult: float = 4.0  # non-gated hidden width m = ffn_mult·d; gated variants use ≈ 2/3 of it (same weights)
+    poly_order: int = 3  # r of PolyReLU / PolyNorm (2–4)
+    act_dict: str = "identity,relu,relu2,gelu,silu,tanh"  # LA / MoA dictionary
+    la_init: str = "onehot"  # onehot (as the baseline: gelu, swiglu) | mean | sum | onehot:NAME ('A/B': gate/up)
+    moa_gate: str = "sigmoid"  # sigmoid | softmax | tanh
+    # toy mixture of experts (n_expert = 0: dense)
+    n_expert: int = 0
+    top_k: int = 2
+    moe_every: int = 1  # MoE in blocks 0, moe_every, 2·moe_every, …
+    expert_hidden: int = 0  # 0: the dense width / top_k, so active FFN weights match the dense model
+    aux_loss_weight: float = 0.01
+    z_loss_weight: float = 0.001
+
+    def __post_init__(self):
+        check_variant(self.ffn)
+        if self.norm not in ("rmsnorm", "layernorm") or self.pos not in ("rope", "learned"):
+            raise ValueError("norm must be rmsnorm or layernorm, pos must be rope or learned")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if self.pos == "rope" and (self.n_embd // self.n_head) % 2:  # RoPE rotates channel pairs (i, i + head/2)
+            raise ValueError(f"RoPE needs an even head size, but n_embd/n_head = {self.n_embd}/{self.n_head} = "
+                             f"{self.n_embd // self.n_head}; change n_embd or n_head, or use pos=learned")
+        if not (self.ffn_mult > 0 and math.isfinite(self.ffn_mult)) or int(self.ffn_mult * self.n_embd) < 1:
+            raise ValueError(f"ffn_mult={self.ffn_mult} must be positive and give an FFN at least 1 unit wide")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+        if self.n_expert < 0 or self.moe_every < 1 or self.expert_hidden < 0:
+            raise ValueError("n_expert and expert_hidden must be >= 0 and moe_every >= 1")
+        if self.n_expert and not 1 <= self.top_k <= self.n_expert:
+            raise ValueError(f"top_k={self.top_k} must be between 1 and n_expert={self.n_expert}")
+
+    @property
+    def padded_vocab_size(self):
+        return (self.vocab_size + 63) // 64 * 64
+
+    @property
+    def ffn_hidden(self):
+        """m for the dense FFN: ffn_mult·d, or round(2/3·ffn_mult·d) for gated variants (3·d·m ≈ 2·d·ffn_mult·d)."""
+        m = int(self.ffn_mult * self.n_embd)
+        return round(2 * m / 3) if VARIANTS[self.ffn].gated else m
+
+    @property
+    def moe_hidden(self):
+        """Expert width: expert_hidden, or the dense width / top_k rounded to a multiple of 8 (grouped_mm alignment)."""
+        return self.expert_hidden or max(8, round(self.ffn_hidden / self.top_k / 8) * 8)
 
 
 def make_norm(config):

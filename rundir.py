@@ -19,7 +19,7 @@ from contextlib import contextmanager, suppress
 
 import torch
 
-from configurator import MODEL_KEYS, RunStopped, UserError
+from cli import RunStopped, UserError
 
 STOPPED = 'stopped.txt'
 LOCK = '.lock'  # a run directory's owner
@@ -110,27 +110,6 @@ def save_checkpoint(ckpt, out_dir):
 
 # ----------------------------------------------------------------------------------------------------------------------
 # reading
-
-
-def load_checkpoint(out_dir, missing_hint):
-    """out_dir/ckpt.pt as written by train.py, or a UserError: `missing_hint` says what to do if there is none.
-    weights_only: a checkpoint holds tensors and plain Python values only, so loading one cannot run code."""
-    path = os.path.join(out_dir, 'ckpt.pt')
-    if not os.path.exists(path):
-        raise UserError(f"there is no checkpoint at {path}; {missing_hint}")
-    try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True)
-        if not (set(MODEL_KEYS) <= set(ckpt['model_args']) and isinstance(ckpt['config'], dict)):
-            raise KeyError('model_args')  # e.g. nanoGPT's, which lacks this project's model keys (ffn, norm, ...)
-        ckpt['iter_num']
-        finite = all(bool(v.isfinite().all()) for v in ckpt['model'].values() if v.is_floating_point())
-    except Exception as e:
-        raise UserError(f"cannot read the checkpoint {path} ({type(e).__name__}); it is not a train.py checkpoint or "
-                        f"it is damaged, so train the run again.") from None
-    if not finite:
-        raise UserError(f"the checkpoint {path} (iteration {ckpt['iter_num']}) holds non-finite weights, so it "
-                        f"cannot be used; train the run again with a lower learning_rate.")
-    return ckpt
 
 
 def checkpoint_field(run_dir, key):

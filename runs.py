@@ -8,7 +8,8 @@ that try failed, or the planned run did not start, before it logged anything).
 import os
 import sys
 
-from configurator import DEFAULTS, split_list, to_argv
+from cli import split_list, to_argv
+from configurator import DEFAULTS
 from rundir import STOPPED, checkpoint_field, read_json, read_log
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')

@@ -14,10 +14,11 @@ import sys
 import torch
 
 import device
-from configurator import UserError, model_config, parse_args, read_text, run_cli
+from cli import UserError, parse_args, read_text, run_cli
+from configurator import load_checkpoint, model_config
 from data.tokenizer import get_tokenizer
 from model import GPT
-from rundir import load_checkpoint, model_state
+from rundir import model_state
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory holding ckpt.pt

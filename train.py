@@ -36,11 +36,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import device
 import wandb_log
-from configurator import (DEFAULTS, MODEL_KEYS, STREAM_KEYS, TYPES, RunStopped, UserError, check, model_config,
-                          parse_args, run_cli)
+from cli import RunStopped, UserError, parse_args, run_cli
+from configurator import DEFAULTS, MODEL_KEYS, STREAM_KEYS, TYPES, check, load_checkpoint, model_config
 from model import GPT
 from progress import progress_bar
-from rundir import (STOPPED, append_log, load_checkpoint, lock_run_dir, model_state, save_checkpoint, truncate_log,
+from rundir import (STOPPED, append_log, lock_run_dir, model_state, save_checkpoint, truncate_log,
                     write_text)
 
 DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'

@@ -4,7 +4,7 @@ import os
 import re
 import time
 
-from configurator import parse_args
+from cli import parse_args
 from data.shards import SHARD_TOKENS
 from data.tokenizer import read_vendored
 

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import torch
 
-from configurator import UserError
+from cli import UserError
 from data.shards import check_vocab, open_shard, shard_info, shard_paths
 from rundir import read_json
 

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from configurator import UserError
+from cli import UserError
 from rundir import check_writable, write_file, write_json
 
 MAGIC = 20240520

@@ -12,7 +12,7 @@ import torch
 import activations as A
 import lean
 from bench import saved_bytes_for_backward
-from configurator import GPTConfig
+from model import GPTConfig
 from model import FFN
 
 torch.manual_seed(0)

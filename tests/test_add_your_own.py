@@ -22,7 +22,8 @@ import test_activations  # noqa: E402
 import test_model  # noqa: E402
 import test_moe  # noqa: E402
 import train  # noqa: E402
-from configurator import GPTConfig, to_argv  # noqa: E402
+from cli import to_argv  # noqa: E402
+from model import GPTConfig  # noqa: E402
 from test_docs import readme_variant_problems  # noqa: E402
 from test_hostile import TINY  # noqa: E402
 

@@ -21,7 +21,8 @@ import cluster  # noqa: E402
 import compare  # noqa: E402
 import progress  # noqa: E402
 import runs  # noqa: E402
-from configurator import DEFAULTS, TYPES, UserError, run_cli  # noqa: E402
+from cli import UserError, run_cli  # noqa: E402
+from configurator import DEFAULTS, TYPES  # noqa: E402
 from rundir import read_json  # noqa: E402
 
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',

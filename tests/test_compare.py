@@ -24,7 +24,8 @@ import compare
 import report
 import rundir
 import runs
-from configurator import GPTConfig, RunStopped, run_cli
+from cli import RunStopped, run_cli
+from model import GPTConfig
 from model import GPT
 
 VARIANTS = ['gelu', 'moa']  # a fixed activation and one that logs what it learned ('act')

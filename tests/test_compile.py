@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from configurator import GPTConfig
+from model import GPTConfig
 from model import GPT
 from rundir import model_state
 
@@ -70,10 +70,10 @@ def test_second_process_is_served_from_the_cache(cache_runs):
 # compiled lazily is an entry of its own)
 COUNT = """
 import json, sys
-import configurator, train
+import cli, train
 from torch._dynamo.utils import counters, get_compilation_metrics
 try:
-    configurator.run_cli(train.main, sys.argv[2:])
+    cli.run_cli(train.main, sys.argv[2:])
 except SystemExit as e:
     assert e.code in (0, None), e.code
 frames = [[m.co_name, m.co_filename, m.recompile_reason] for m in get_compilation_metrics() if m.is_forward]

@@ -21,7 +21,7 @@ import torch
 import device
 import model as model_module
 from activations import VARIANTS
-from configurator import GPTConfig
+from model import GPTConfig
 from data.shards import write_shard
 from model import GPT
 

@@ -19,7 +19,7 @@ import tiktoken
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from configurator import RunStopped, UserError
+from cli import RunStopped, UserError
 from test_hostile import call as run  # noqa: E402  (a script's main, in this process: exit status, stderr)
 from data import shards
 from data import tokenizer as tokmod

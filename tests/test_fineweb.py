@@ -10,7 +10,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from configurator import UserError, run_cli  # noqa: E402
+from cli import UserError, run_cli  # noqa: E402
 from data.loader import PREPARE_COMMANDS, DataLoader, DatasetNotPrepared  # noqa: E402
 
 TOKENS = {"fineweb_val_000000.bin": 300, "fineweb_train_000001.bin": 500, "fineweb_train_000002.bin": 400,
@@ -147,11 +147,12 @@ def test_a_cache_on_another_filesystem_is_copied_whole(fineweb, tmp_path, monkey
 
 
 def test_config_reads_the_dataset_and_has_the_budget_its_header_states():
+    import cli
     import configurator
     cwd = os.getcwd()
     os.chdir(REPO)
     try:
-        cfg, _ = configurator.parse_args(configurator.DEFAULTS, ["config/fineweb10B.py"], types=configurator.TYPES)
+        cfg, _ = cli.parse_args(configurator.DEFAULTS, ["config/fineweb10B.py"], types=configurator.TYPES)
     finally:
         os.chdir(cwd)
     configurator.check(cfg)

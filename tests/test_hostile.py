@@ -1,7 +1,7 @@
 """Hostile and careless inputs: the promise that a user mistake gets one sentence on stderr and exit status 2, a run
 that must stop gets exit status 3 and keeps its last good checkpoint, and nothing already written is lost.
 
-The matrix runs each case in this process through configurator.run_cli (no interpreter start per case) and checks
+The matrix runs each case in this process through cli.run_cli (no interpreter start per case) and checks
 the exit status, exactly one message line on stderr, no traceback, and every file that existed before the command
 (shards, meta.json, ckpt.pt, log.jsonl, the config file) byte-identical afterwards. Cases that need a second
 process (the run-directory lock, kill -9, two compare.py) run train.py / compare.py as subprocesses."""
@@ -24,7 +24,7 @@ sys.path.insert(0, ROOT)
 import sample  # noqa: E402
 from activations import VARIANTS  # noqa: E402
 import train  # noqa: E402
-from configurator import run_cli  # noqa: E402
+from cli import run_cli  # noqa: E402
 from data.loader import DataLoader  # noqa: E402
 from data.shards import HEADER_BYTES, shard_info, write_shard  # noqa: E402
 
@@ -61,7 +61,7 @@ def message_lines(err):
 
 
 def call(main, argv, capsys):
-    """(exit status, stderr) of a script's main(argv) run as its command line runs it (configurator.run_cli); 0
+    """(exit status, stderr) of a script's main(argv) run as its command line runs it (cli.run_cli); 0
     when it ends normally."""
     capsys.readouterr()
     try:
@@ -221,7 +221,7 @@ def test_hostile_input(case, script, extra, code, words, world, tmp_path, capsys
 def test_divergence_leaves_a_finite_checkpoint_that_loads_and_resumes(world, tmp_path, capsys):
     """With learning_rate=100 PolyReLU's weights overflow: the run stops before a checkpoint holds them. The last
     checkpoint is finite, samples, and resumes exactly (the same step diverges again, and it is kept again)."""
-    from rundir import load_checkpoint
+    from configurator import load_checkpoint
     out = tmp_path / 'run'
     code, err = call(train.main, TINY + DIVERGING + [f'--data_dir={world.data}', f'--out_dir={out}'], capsys)
     assert code == 3, err

@@ -21,7 +21,8 @@ sys.path.insert(0, REPO)
 import compare
 import inspect_run
 import train
-from configurator import GPTConfig, run_cli, to_argv
+from cli import run_cli, to_argv
+from model import GPTConfig
 from data.loader import DataLoader
 from model import GPT
 from rundir import save_checkpoint

@@ -15,7 +15,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import compare
 import ladder
 import report
-from configurator import GPTConfig, UserError
+from cli import UserError
+from model import GPTConfig
 from model import GPT
 
 

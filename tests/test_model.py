@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from activations import VARIANTS, make_activations
-from configurator import GPTConfig
+from model import GPTConfig
 from model import FFN, GPT, MoE, Block
 
 FFN_VARIANTS = list(VARIANTS)

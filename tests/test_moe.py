@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from activations import VARIANTS, glu
-from configurator import GPTConfig
+from model import GPTConfig
 from model import GPT
 from test_model import corpus_batch
 

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
 import report  # noqa: E402
 import runs as runs_py  # noqa: E402
-from configurator import UserError  # noqa: E402
+from cli import UserError  # noqa: E402
 from test_hostile import TINY, call  # noqa: E402
 
 OPTIMA = {'gelu': 8e-3, 'swiglu': 2e-3}  # the known best rate of each variant in the synthetic losses below

@@ -14,9 +14,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import cli  # noqa: E402
 import configurator  # noqa: E402
 import train as train_py  # noqa: E402
-from configurator import UserError, parse_args  # noqa: E402
+from cli import UserError, parse_args  # noqa: E402
 
 TINY = ['--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
         '--block_size=32', '--batch_size=4', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2',
@@ -91,9 +92,9 @@ def test_exact_resume(shakespeare_char_dir, tmp_path):
 
 
 def in_process(main, argv, capsys):
-    """Run a CLI's main through configurator.run_cli in this process (no torch import per run): (exit code, stderr)."""
+    """Run a CLI's main through cli.run_cli in this process (no torch import per run): (exit code, stderr)."""
     with pytest.raises(SystemExit) as e:
-        configurator.run_cli(main, argv)
+        cli.run_cli(main, argv)
     return e.value.code, capsys.readouterr().err
 
 
@@ -274,14 +275,14 @@ def test_run_cli_exit_codes(capsys):
     def bad(argv):
         raise UserError('something is wrong;\nfix it.')
     with pytest.raises(SystemExit) as e:
-        configurator.run_cli(bad, [])
+        cli.run_cli(bad, [])
     assert e.value.code == 2
     assert capsys.readouterr().err == 'error: something is wrong; fix it.\n'
 
 
 def test_a_closed_stdout_pipe_ends_quietly():
     """`python sample.py ... | head`: no BrokenPipeError traceback, the shell's status for SIGPIPE."""
-    code = 'from configurator import run_cli; run_cli(lambda argv: [print("x" * 1000) for _ in range(100000)])'
+    code = 'from cli import run_cli; run_cli(lambda argv: [print("x" * 1000) for _ in range(100000)])'
     p = subprocess.Popen([sys.executable, '-c', code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     p.stdout.read(10)
     p.stdout.close()
@@ -315,7 +316,7 @@ def test_device_names_are_checked(monkeypatch):
 def test_the_compile_cache_is_the_documented_one_after_inductor_has_loaded(tmp_path):
     """Building AdamW loads Inductor, which writes its own default (/tmp/torchinductor_USER) into
     TORCHINDUCTOR_CACHE_DIR: the cache train.py uses stays ~/.cache/nanoffn/torchinductor unless the user set one."""
-    code = ("import device, model, configurator; m = model.GPT(configurator.GPTConfig(n_layer=1, n_head=2, n_embd=32, "
+    code = ("import device, model; m = model.GPT(model.GPTConfig(n_layer=1, n_head=2, n_embd=32, "
             "vocab_size=65)); m.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu'); print(device.compile_cache_dir())")
     clean = {k: v for k, v in env(XDG_CACHE_HOME=str(tmp_path)).items() if k != 'TORCHINDUCTOR_CACHE_DIR'}
     for extra, want in (({}, os.path.join(str(tmp_path), 'nanoffn', 'torchinductor')),

@@ -26,7 +26,7 @@ import inspect_run  # noqa: E402
 import rundir  # noqa: E402
 import runs  # noqa: E402
 import train  # noqa: E402
-from configurator import run_cli, to_argv  # noqa: E402
+from cli import run_cli, to_argv  # noqa: E402
 from test_hostile import TINY, call, files, message_lines  # noqa: E402
 
 

@@ -11,7 +11,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so `python data/.../prepare.py` works
 
-from configurator import UserError, parse_args, run_cli
+from cli import UserError, parse_args, run_cli
 from data.shards import ShardError, check_out_dir, shard_info, shard_paths
 from data.tokenizer import GPT2Tokenizer
 from rundir import write_file, write_json

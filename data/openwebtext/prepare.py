@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so 
 import numpy as np
 from tqdm import tqdm
 
-from configurator import UserError, parse_args, run_cli
+from cli import UserError, parse_args, run_cli
 from data.shards import SHARD_TOKENS, STAGING, check_out_dir, shard_info, write_shard
 from data.tokenizer import EOT, GPT2Tokenizer
 from rundir import read_json, write_json

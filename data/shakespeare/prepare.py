@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so 
 
 import numpy as np
 
-from configurator import run_cli
+from cli import run_cli
 from data.corpus import VAL_WORKS, prepare_main, read_shakespeare, split_works, work_starts
 from data.shards import SHARD_TOKENS, check_out_dir, write_dataset
 from data.tokenizer import GPT2Tokenizer

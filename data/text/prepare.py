@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(DATA))  # the repo root, so `python data/.../
 
 import numpy as np
 
-from configurator import UserError, parse_args, read_text, run_cli, split_list
+from cli import UserError, parse_args, read_text, run_cli, split_list
 from data.shards import SHARD_TOKENS, check_out_dir, write_dataset
 from data.tokenizer import EOT, CharTokenizer, GPT2Tokenizer
 

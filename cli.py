@@ -1,0 +1,177 @@
+"""
+How every nanoFFN command reads its settings and ends: config files and --key=value overrides, and the errors a user
+can act on, each ending the command with one sentence.
+
+    python train.py [config/FILE.py ...] [--key=value ...]
+
+A config file is plain Python, exec'd with the current settings in scope (so it may write `lr_decay_iters =
+max_iters`); every public name it assigns must be a known key (names starting with '_' are its own helpers). Then each
+--key=value override is applied in order. A value must have the type of the key's default: an int key takes 12 or 1e4
+but not 3.5 (never silently truncated), a float key 3 or 6e-4, a bool key True/False (--key alone means True), a str
+key the text as written. A key whose default is None means "auto" and also takes the word auto.
+
+A mistake raises UserError with one sentence; run_cli(main) prints it on stderr and exits with status 2, no traceback.
+A run that has to stop raises RunStopped (exit status 3); Ctrl-C exits with 130.
+"""
+import ast
+import difflib
+import os
+import sys
+import textwrap
+
+
+class UserError(Exception):
+    """A mistake the user can fix: the CLI prints its one-sentence message and exits with status 2."""
+
+
+class RunStopped(Exception):
+    """A run that had to stop (e.g. a non-finite loss, a full disk): message on stderr, exit status 3."""
+
+
+_TYPE_NAMES = {bool: 'a bool (True/False)', int: 'an int', float: 'a float', str: 'a string'}
+
+
+def coerce(key, value, want, default, where):
+    """Return `value` (a Python object) as type `want`, or raise UserError."""
+    if default is None and (value is None or str(value).strip().lower() == 'auto'):  # a config file's 'auto' too
+        return None
+    if want is bool and isinstance(value, str) and value.lower() in ('true', 'false', '1', '0'):
+        return value.lower() in ('true', '1')
+    if want is bool and isinstance(value, int) and value in (0, 1):  # True, False, 1 or 0
+        return bool(value)
+    if want is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if want is int and isinstance(value, float) and value.is_integer():  # 1e4 is an int-valued float: fine
+        return int(value)
+    if want is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if want is str and isinstance(value, str):
+        return value
+    shown = value if isinstance(value, str) else repr(value)
+    raise UserError(f"{where}{key} expects {_TYPE_NAMES.get(want, want.__name__)} (default "
+                    f"{'auto' if default is None else repr(default)}), got '{shown}'.")
+
+
+def _unknown_key(key, valid, where):
+    close = difflib.get_close_matches(key, valid, n=2, cutoff=0.75)
+    if close:
+        return UserError(f"{where}unknown config key '{key}' (did you mean {' or '.join(repr(c) for c in close)}?); "
+                         f"run with --help to list all {len(valid)} keys.")
+    return UserError(f"{where}unknown config key '{key}'; valid keys: {', '.join(sorted(valid))}.")
+
+
+def _parse_literal(text, want, default):
+    """The text of --key=value as a Python object: a literal, or the raw text for string keys."""
+    if default is None and text.strip().lower() in ('auto', 'none'):
+        return None
+    if want is str:
+        return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in '"\'' else text
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # coerce() reports it with the expected type
+
+
+def read_text(path, what, example):
+    """A UTF-8 text file the user named (a config file, a prompt), or the UserError that says what is wrong with it."""
+    if not os.path.isfile(path):
+        raise UserError(f"{what} '{path}' not found; give a path such as {example}.")
+    try:
+        with open(path, encoding='utf-8') as f:
+            return f.read()
+    except UnicodeDecodeError:
+        raise UserError(f"{what} '{path}' is not UTF-8 text; save it as UTF-8.") from None
+    except OSError as e:
+        raise UserError(f"{what} '{path}' cannot be read ({e.strerror}).") from None
+
+
+def _run_config_file(path, config, defaults, types, given):
+    source = read_text(path, 'config file', 'config/shakespeare_char.py')
+    scope = {**config, '__builtins__': __builtins__}
+    try:
+        exec(compile(source, path, 'exec'), scope)
+    except SystemExit as e:  # the file stopped the command on purpose: its message is the sentence
+        said = e.code if isinstance(e.code, str) else f'exit status {e.code or 0}'
+        raise UserError(f"config file '{path}' called sys.exit ({said}), so nothing was run.") from None
+    except Exception as e:
+        raise UserError(f"config file '{path}' failed to run ({type(e).__name__}: {e}); fix the file.") from None
+    # names the file assigns at its top level, so that a value equal to the default still counts as chosen
+    assigns = [node for node in ast.parse(source).body if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))]
+    targets = [t for node in assigns for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
+    assigned = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    for key, value in scope.items():
+        if key.startswith('_') or callable(value) or type(value).__name__ == 'module':
+            continue
+        if key not in defaults:
+            raise _unknown_key(key, list(defaults), f"{path}: ")
+        if key in assigned or value is not config[key]:
+            config[key] = coerce(key, value, types.get(key, type(defaults[key])), defaults[key], f"{path}: ")
+            given.add(key)
+
+
+def format_help(prog, config, doc=''):
+    """--help: the usage line, the script's own words, and every key with the value it has now."""
+    lines = [f"usage: python {prog} [config/FILE.py ...] [--key=value ...]"]
+    if doc:
+        lines.append(textwrap.indent(textwrap.dedent(doc).strip('\n'), '  '))
+    lines.append('keys (value after the config files given before --help):')
+    width = max(len(k) for k in config)
+    lines += [f"  --{k.ljust(width)} {'auto' if config[k] is None else repr(config[k])}" for k in sorted(config)]
+    return '\n'.join(lines)
+
+
+def parse_args(defaults, argv, types=None, prog='train.py', doc=''):
+    """Apply config files and --key=value overrides from argv to a copy of `defaults`. Returns (config, given): the
+    settings and the set of keys set explicitly (by a config file or an override), so that e.g. a resumed run can
+    tell the user's choices from plain defaults."""
+    config, given, types = dict(defaults), set(), types or {}
+    for arg in argv:
+        if arg in ('-h', '--help'):
+            print(format_help(prog, config, doc))
+            sys.exit(0)
+        if not arg.startswith('-'):
+            _run_config_file(arg, config, defaults, types, given)
+            continue
+        key, equals, text = arg[2:].partition('=')
+        key = key if key in defaults else key.replace('-', '_')
+        want = types.get(key, type(defaults.get(key)))
+        if arg.startswith('--') and not equals and want is bool:
+            equals, text = '=', 'True'  # a bool key alone switches it on: --plan means --plan=True
+        if not arg.startswith('--') or not equals:
+            raise UserError(f"cannot read argument '{arg}'; write overrides as --key=value (e.g. --n_layer=4).")
+        if key not in defaults:
+            raise _unknown_key(key, list(defaults), '')
+        config[key] = coerce(key, _parse_literal(text, want, defaults[key]), want, defaults[key], '--')
+        given.add(key)
+    return config, given
+
+
+def to_argv(settings):
+    """Settings as --key=value arguments that parse_args reads back as the same values: the one way a settings dict
+    becomes a command line."""
+    text = lambda v: 'auto' if v is None else v if isinstance(v, str) else repr(v)
+    return [f'--{k}={text(v)}' for k, v in settings.items()]
+
+
+def split_list(text):
+    """'a, b,,c' -> ['a', 'b', 'c']: every comma-separated setting is read this way."""
+    return [part.strip() for part in text.split(',') if part.strip()]
+
+
+def run_cli(main, argv=None):
+    """Run main(argv); a UserError becomes 'error: message' on stderr with exit status 2 (no traceback), a RunStopped
+    'stopped: message' with status 3, Ctrl-C 'interrupted.' with status 130, a closed stdout pipe quietly 141."""
+    try:
+        return main(sys.argv[1:] if argv is None else argv)
+    except UserError as e:
+        message, status = f"error: {e}", 2
+    except RunStopped as e:
+        message, status = f"stopped: {e}", 3
+    except KeyboardInterrupt:
+        message, status = 'interrupted.', 130
+    except BrokenPipeError:  # stdout's reader stopped reading (`| head`): end quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
+        sys.exit(141)
+    sys.stdout.flush()
+    print(' '.join(message.split()), file=sys.stderr)  # one line, whatever the message held
+    sys.exit(status)
