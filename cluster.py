@@ -10,7 +10,6 @@ import shlex
 import sys
 
 from cli import UserError
-from runs import command_line
 
 
 def visible_gpus():
@@ -56,13 +55,13 @@ def thread_env(threads):
     return {'OMP_NUM_THREADS': str(threads), 'MKL_NUM_THREADS': str(threads)} if threads else {}
 
 
-def print_plan(todo, n_runs, threads):
-    """--plan: for every run still to do, the command compare.py would run (runs.command_line) on a line of stdout;
-    what to do next on stderr."""
+def print_plan(commands, n_runs, threads):
+    """--plan: the command of every run still to do (runs.command_line), each on a line of stdout; what to do next on
+    stderr."""
     prefix = ''.join(f"{k}={v} " for k, v in thread_env(threads).items())
-    for run, mode in todo:
-        print(prefix + shlex.join(command_line(run, mode)))
-    print(f"compare: {len(todo)} of {n_runs} runs to do" + (
+    for command in commands:
+        print(prefix + shlex.join(command))
+    print(f"compare: {len(commands)} of {n_runs} runs to do" + (
         "; run these lines anywhere that sees this filesystem, then the same command with --report instead of --plan "
-        "builds the summary" if todo else ", all finished: --report instead of --plan builds the summary"),
+        "builds the summary" if commands else ", all finished: --report instead of --plan builds the summary"),
         file=sys.stderr)

@@ -11,6 +11,7 @@ Each run is a plain train.py run in its own directory (runs.py). The same comman
 runs, resumes cut-off ones and refuses other settings unless --overwrite=True. Writes summary.md, summary.json, loss.png
 and acts.png into out_dir (a ladder: each size's in out_dir/<size>/, then its own), the table on stdout.
 """
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,18 +19,19 @@ import sys
 import time
 
 import cluster
+import configurator
 import inspect_run
 import ladder
 import plots
 import report
-from configurator import DEFAULTS as TRAIN_DEFAULTS
+import stats
 from cli import RunStopped, UserError, parse_args, run_cli, split_list
-from configurator import TYPES, check, check_variants
+from configurator import TYPES, check, check_variants, meta_model, scale_counts
 from device import compile_cache_dir, resolve_device, resolve_dtype
 from progress import progress_bar
-from rundir import (HELD, LOCK, LOCK_FD_ENV, STOPPED, check_writable, checkpoint_field, read_log, try_lock_run_dir,
-                    write_json)
-from runs import RECORD, command_line, describe_mismatch, make_run, run_state
+from rundir import (HELD, LOCK, LOCK_FD_ENV, LOG, RECORD, STOPPED, TRAIN_OUT, check_writable, parse_record,
+                    try_lock_run_dir, write_json)
+from runs import FINISHED, command_line, identifies, make_run, scan
 
 COMPARE_DEFAULTS = dict(
     variants='gelu,swiglu',  # comma-separated ffn names (see activations.VARIANTS)
@@ -48,25 +50,36 @@ COMPARE_DEFAULTS = dict(
     plan=False,  # print the command of every run still to do, one per line, for another scheduler; train nothing
     report=False,  # build the summary and pictures from finished run directories; train nothing
 )
-DEFAULTS = {**TRAIN_DEFAULTS, **COMPARE_DEFAULTS, 'out_dir': 'out-compare'}
+DEFAULTS = {**configurator.DEFAULTS, **COMPARE_DEFAULTS, 'out_dir': 'out-compare'}
 DEFAULT_CONFIG = 'config/compare_shakespeare_char.py'  # what `python compare.py` alone runs
 BUNDLED = ('shakespeare_char', 'shakespeare')  # built from the corpus in the repo in seconds, so prepared on demand
 MAX_EXTEND = 3  # --lr_extend tries at most this many rates beyond each edge of the grid
 MAX_GRID = 10  # --lr_grid=K spans learning_rate x 2^-K .. 2^K: past 2^10 either way is a typo, not a sweep
-FINISHED = ('done', 'stopped')  # run states that are results: reused, never trained again
 START = dict(scratch='scratch', resume='resume', mismatch='overwrite', retrain='overwrite')  # a run to do, by state
+# a sweep chooses each variant's rate on the first half of the validation windows (train.py logs both halves,
+# `val_halves`) and reports on the second, which the choice never reads
+SELECT, REPORT = 0, 1
+# the settings that shape a comparison, shown in its summary whether chosen or left at train.py's defaults
+SHOWN_KEYS = ('dataset', 'n_layer', 'n_head', 'n_embd', 'block_size', 'batch_size', 'gradient_accumulation_steps',
+              'max_iters', 'learning_rate', 'schedule', 'warmup_iters', 'min_lr', 'eval_interval', 'eval_iters',
+              'n_expert', 'top_k', 'device', 'dtype')
 
 
 def settings(argv):
-    """The comparison's settings: config/compare_shakespeare_char.py unless a config file is given, then overrides."""
+    """The comparison's settings: config/compare_shakespeare_char.py unless a config file is given, then overrides. A
+    sweep given on the command line (--lrs or --lr_grid) replaces the config file's."""
     if all(a.startswith('-') for a in argv):
         argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), DEFAULT_CONFIG)] + list(argv)
     cfg, _ = parse_args(DEFAULTS, argv, types=TYPES, prog='compare.py', doc=__doc__.split('\n\n')[1])
+    on_command_line = {a[2:].partition('=')[0].replace('-', '_') for a in argv if a.startswith('--')}
+    for key, other, cleared in (('lrs', 'lr_grid', 0), ('lr_grid', 'lrs', '')):
+        if key in on_command_line and other not in on_command_line:
+            cfg[other] = cleared
     return cfg
 
 
-def plan(cfg):
-    """Check the comparison's settings; returns (variants, seeds, baseline, runs)."""
+def check_comparison(cfg):
+    """The comparison's settings checked, before anything runs: its variants, seeds, baseline and sweep grid."""
     variants = check_variants(cfg['variants'])
     baseline = cfg['baseline'] or variants[0]
     if baseline not in variants:
@@ -86,18 +99,9 @@ def plan(cfg):
         resolve_device(cfg['device'])  # dtype name (bfloat16 support is each run's to check, on its own GPU)
         resolve_dtype(cfg['dtype'], 'cpu')
     seeds = [cfg['seed'] + i for i in range(cfg['seeds'])]
-    sweep = learning_rates(cfg)
-    runs = []
     for v in variants:
         check({**cfg, 'ffn': v, 'seed': seeds[-1]})  # the mistakes train.py would report, before anything runs
-        rates = list(sweep or [None])  # None: no sweep, the shared learning_rate
-        while sweep and cfg['lr_extend'] and (beyond := next_rate(cfg, v, seeds, rates, sweep)) is not None:
-            rates.append(beyond)
-        runs += [make_run(cfg, v, s, lr) for lr in rates for s in seeds]
-    if len({r['dir'] for r in runs}) < len(runs):  # a run's directory names its rate to 3 significant digits
-        raise UserError("two of the sweep's rates agree to 3 significant digits, so they would share a run directory; "
-                        "give rates that differ within their first 3 digits.")
-    return variants, seeds, baseline, runs
+    return dict(variants=variants, seeds=seeds, baseline=baseline, grid=learning_rates(cfg))
 
 
 def learning_rates(cfg):
@@ -125,18 +129,49 @@ def learning_rates(cfg):
     return rates
 
 
-def next_rate(cfg, variant, seeds, rates, grid):
-    """With a variant's runs at these rates done: the rate a grid step past its best one if that is at an edge."""
-    runs = [make_run(cfg, variant, s, lr) for lr in rates for s in seeds]
-    states = {r['dir']: run_state(r) for r in runs}
-    if any(s not in FINISHED for s in states.values()):
-        return None
-    edge = report.choose_rates(runs, states)[variant]['edge']
-    if edge == 'low' and sum(r < grid[0] for r in rates) < MAX_EXTEND:
-        return min(rates) / (grid[1] / grid[0] if len(grid) > 1 else 2.0)
-    if edge == 'high' and sum(r > grid[-1] for r in rates) < MAX_EXTEND:
-        return max(rates) * (grid[-1] / grid[-2] if len(grid) > 1 else 2.0)
-    return None
+def specs(cfg, comp, variants, rates):
+    """The runs of these variants at these rates (None: the shared learning_rate), seed by seed."""
+    out = [make_run(cfg, v, s, lr) for v in variants for lr in rates for s in comp['seeds']]
+    if len({r['dir'] for r in out}) < len(out):  # a run's directory names its rate to 3 significant digits
+        raise UserError("two of the sweep's rates agree to 3 significant digits, so they would share a run directory; "
+                        "give rates that differ within their first 3 digits.")
+    return out
+
+
+def grid_runs(cfg, comp):
+    """Every run of the comparison's grid, read from its directory."""
+    return [scan(s) for s in specs(cfg, comp, comp['variants'], comp['grid'] or [None])]
+
+
+def by_rate(runs, loss_of):
+    """Per variant and rate: each run's final loss (loss_of: which), None where it did not finish (a diverged run)."""
+    out = {}
+    for r in runs:
+        out.setdefault(r.variant, {}).setdefault(r.lr, []).append(r.final(loss_of))
+    return out
+
+
+def best_rates(runs):
+    """Per variant of a sweep: its best rate, chosen on the selection half only (stats.choose_rate)."""
+    return {v: stats.choose_rate(losses) for v, losses in by_rate(runs, lambda r: r['val_halves'][SELECT]).items()}
+
+
+def beyond_edges(cfg, comp, runs):
+    """With --lr_extend: for each variant whose runs are all finished and whose best rate is the smallest or largest
+    tried, the runs a grid step beyond it (at most MAX_EXTEND steps past each edge of the grid)."""
+    grid, out = comp['grid'], []
+    chosen = best_rates(runs)
+    for v in comp['variants']:
+        mine = [r for r in runs if r.variant == v]
+        rates = sorted({r.lr for r in mine})
+        if any(r.state not in FINISHED for r in mine):
+            continue
+        step = grid[1] / grid[0] if len(grid) > 1 else 2.0
+        if chosen[v]['edge'] == 'low' and sum(r < grid[0] for r in rates) < MAX_EXTEND:
+            out += specs(cfg, comp, [v], [min(rates) / step])
+        if chosen[v]['edge'] == 'high' and sum(r > grid[-1] for r in rates) < MAX_EXTEND:
+            out += specs(cfg, comp, [v], [max(rates) * step])
+    return [scan(s) for s in out]
 
 
 def check_dataset(cfg):
@@ -161,54 +196,61 @@ def check_dataset(cfg):
         open_loader()
 
 
-def todo_of(cfg, runs):
-    """Every run's state, and (run, mode) for the runs to do, seed by seed so that each variant compiles once."""
-    states = {r['dir']: run_state(r) for r in runs}
-    bad = [r for r in runs if states[r['dir']] == 'mismatch']
+def to_do(cfg, runs):
+    """The runs to train, seed by seed so that each variant compiles once; a UserError for another run's directory
+    (unless --overwrite) or, with --report, for any run not finished."""
+    bad = [r for r in runs if r.state == 'mismatch']
     if bad and not cfg['overwrite']:
-        raise UserError(f"{describe_mismatch(bad[0])}; use another --out_dir, or pass --overwrite=True to retrain "
+        raise UserError(f"{bad[0].describe_mismatch()}; use another --out_dir, or pass --overwrite=True to retrain "
                         f"the {len(bad)} run(s) whose settings differ.")
-    by_seed = sorted(runs, key=lambda r: r['seed'])
-    todo = [(r, START[states[r['dir']]]) for r in by_seed if states[r['dir']] not in FINISHED]
+    todo = sorted((r for r in runs if r.state not in FINISHED), key=lambda r: r.seed)
     if todo and cfg['report']:
-        log = read_log(os.path.join(todo[0][0]['dir'], 'log.jsonl'))
-        where = f"is at iteration {log[-1]['iter']}" if log else 'has not started'
-        raise UserError(f"--report: {len(todo)} of {len(runs)} runs are not finished ({todo[0][0]['dir']} {where}); "
+        where = f"is at iteration {todo[0].records[-1]['iter']}" if todo[0].records else 'has not started'
+        raise UserError(f"--report: {len(todo)} of {len(runs)} runs are not finished ({todo[0].dir} {where}); "
                         f"run the commands --plan prints, or drop --report to train them here.")
-    return states, todo
+    return todo
 
 
 class Job:
     """One train.py run as a subprocess on its GPUs (None: as --device says), holding the lock compare.py took."""
 
-    def __init__(self, run, mode, threads, lock, slot, gpus, at_once):
+    def __init__(self, run, threads, lock, slot, gpus, at_once):
         self.run, self.slot, self.t0 = run, slot, time.time()
-        self.name = run['name'] + (f" (GPU {','.join(gpus)})" if gpus else '')
-        d = run['dir']
-        self.log_path, self.out_path = os.path.join(d, 'log.jsonl'), os.path.join(d, 'train.out')
-        self.resumed_from = checkpoint_field(d, 'iter_num') if mode == 'resume' else None
+        self.name = run.name + (f" (GPU {','.join(gpus)})" if gpus else '')
+        d = run.dir
+        self.log_path, self.out_path = os.path.join(d, LOG), os.path.join(d, TRAIN_OUT)
+        self.resumed_from = run.checkpoint['iter_num'] if run.state == 'resume' else None
+        # an earlier try's note of a divergence goes: after this try, stopped.txt says how this one ended
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(d, STOPPED))
         # at_once: the runs trained side by side, which this run's tok/s and times depend on
-        self.record = dict(settings=run['settings'], processes=run['processes'], status='running', at_once=at_once)
-        write_json(os.path.join(d, RECORD), self.record)
-        cmd = command_line(run, mode)
+        write_json(os.path.join(d, RECORD), dict(settings=run.settings, processes=run.processes, at_once=at_once))
+        cmd = command_line(run.spec, START[run.state])
         env = dict(os.environ, PYTHONUNBUFFERED='1', TORCHINDUCTOR_CACHE_DIR=compile_cache_dir(),
                    **cluster.gpu_env(gpus), **cluster.thread_env(threads))
         # the child shares the lock (one open file); torchrun holds it for its workers, whom it passes no descriptor
         held = HELD + os.path.abspath(os.path.join(d, LOCK))
-        env[LOCK_FD_ENV] = str(lock.fileno()) if run['processes'] == 1 else held
+        env[LOCK_FD_ENV] = str(lock.fileno()) if run.processes == 1 else held
         try:
             with open(self.out_path, 'a') as out:
                 print(f"$ {' '.join(cmd)}", file=out, flush=True)
                 self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              env=env, pass_fds=(lock.fileno(),))
         except OSError as e:
-            raise RunStopped(f"could not start the {run['variant']} run in {d} ({e.strerror or e}).") from None
+            raise RunStopped(f"could not start the {run.variant} run in {d} ({e.strerror or e}).") from None
         finally:
             lock.close()  # the child holds the lock now, released when it exits
 
     def progress(self):
-        log = read_log(self.log_path)
-        return f"{log[-1]['iter']}" if log else 'starting'
+        """The iteration of the log's last line, read from the file's end only (the bar is redrawn twice a second)."""
+        try:
+            with open(self.log_path, 'rb') as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                lines = f.read().decode(errors='replace').splitlines()
+        except OSError:
+            lines = []
+        record = next((r for r in map(parse_record, reversed(lines)) if r), None)
+        return f"{record['iter']}" if record else 'starting'
 
     def interrupt(self, signalled):
         """Stop the child (it resumes later from its last checkpoint); after a Ctrl-C it has had SIGINT already.
@@ -216,36 +258,31 @@ class Job:
         try:
             self.proc.wait(timeout=5 if signalled else 0)
         except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGINT if self.run['processes'] == 1 else signal.SIGTERM)
+            self.proc.send_signal(signal.SIGINT if self.run.processes == 1 else signal.SIGTERM)
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 
     def finish(self):
-        """Once the child exited: record how it ended and return a line saying so. A divergence (train.py leaves
-        stopped.txt) is the run's outcome; any other failure, a full disk included, raises."""
-        rc, run = self.proc.returncode, self.run
+        """Once the child exited: the run read again, whose state is its outcome, and a line saying so. A divergence
+        (train.py leaves stopped.txt) is the run's outcome; any other failure, a full disk included, raises."""
+        rc, run = self.proc.returncode, scan(self.run.spec)
         tail = last_error_line(self.out_path)
-        # train.py's note of a divergence, written by this try (torchrun exits 1 when a process of its run exits 3)
-        stopped = os.path.join(run['dir'], STOPPED)
-        diverged = rc != 0 and os.path.exists(stopped) and os.path.getmtime(stopped) >= self.t0
-        status = 'done' if rc == 0 else 'stopped' if diverged else 'failed'
-        self.record.update(status=status, returncode=rc, message=tail)
-        write_json(os.path.join(run['dir'], RECORD), self.record)
         if rc == 2:  # a user mistake in the settings: train.py said what to do
-            raise UserError(f"{tail.removeprefix('error: ').rstrip('.')} (the {run['variant']} run, seed {run['seed']}).")
+            raise UserError(f"{tail.removeprefix('error: ').rstrip('.')} (the {run.variant} run, seed {run.seed}).")
         if rc in (130, -signal.SIGINT):
             raise KeyboardInterrupt
-        if rc != 0 and not diverged:
-            raise RunStopped(f"training {run['variant']} (seed {run['seed']}) failed with exit status {rc}: {tail}; "
+        # torchrun exits 1 when a process of its run exits 3: the run's own state says whether it diverged
+        if rc != 0 and run.state != 'stopped':
+            raise RunStopped(f"training {run.variant} (seed {run.seed}) failed with exit status {rc}: {tail}; "
                              f"see {self.out_path}, fix it and run the same command again to continue.")
         how = f"resumed from iteration {self.resumed_from}" if self.resumed_from is not None else 'trained'
         line = f"{self.name}: {how} in {time.time() - self.t0:.0f} s"
-        if diverged:
-            return line + f", STOPPED: {tail}"
-        val = next((r['val_loss'] for r in reversed(read_log(self.log_path)) if 'val_loss' in r), None)
-        return line + (f", final val loss {val:.4f}" if val is not None else '')
+        if run.state == 'stopped':
+            return run, line + f", STOPPED: {tail}"
+        val = run.final()
+        return run, line + (f", final val loss {val:.4f}" if val is not None else '')
 
 
 def last_error_line(path):
@@ -261,35 +298,36 @@ def last_error_line(path):
 
 
 def train_all(todo, slots, threads, pbar):
-    """Train the (run, mode) pairs of todo, one per slot (its GPUs: cluster.placement) at a time. A run whose
-    directory another process holds (a second compare.py) is left to it, then reused or resumed."""
-    pending, active, waiting, free = list(todo), [], set(), list(range(len(slots)))
+    """Train the runs of todo, one per slot (its GPUs: cluster.placement) at a time; returns them read again. A run
+    whose directory another process holds (a second compare.py) is left to it, then reused or resumed."""
+    pending, active, waiting, free, done = list(todo), [], set(), list(range(len(slots))), {}
     try:
         while pending or active:
-            for run, mode in list(pending):
+            for run in list(pending):
                 if not free:
                     break
-                lock, owner = try_lock_run_dir(run['dir'])
+                lock, owner = try_lock_run_dir(run.dir)
                 if lock is None:
-                    if run['dir'] not in waiting:
-                        waiting.add(run['dir'])
-                        pbar.write(f"{run['name']}: {run['dir']} is in use by {owner}; waiting for it", file=sys.stderr)
+                    if run.dir not in waiting:
+                        waiting.add(run.dir)
+                        pbar.write(f"{run.name}: {run.dir} is in use by {owner}; waiting for it", file=sys.stderr)
                     continue
-                pending.remove((run, mode))
-                state = run_state(run)  # another process may have trained it meanwhile
-                if state in FINISHED:
+                pending.remove(run)
+                now = scan(run.spec)  # another process may have trained it meanwhile
+                if now.state in FINISHED:
                     lock.close()
-                    pbar.write(f"{run['name']}: reused ({state} by another process)", file=sys.stderr)
+                    done[run.dir] = now
+                    pbar.write(f"{run.name}: reused ({now.state} by another process)", file=sys.stderr)
                     pbar.update(1)
                     continue
                 slot = free.pop(0)
-                mode = mode if state == 'mismatch' else START[state]  # other settings: as todo_of allowed
-                active.append(Job(run, mode, threads, lock, slot, slots[slot], min(len(slots), len(todo))))
+                active.append(Job(now, threads, lock, slot, slots[slot], min(len(slots), len(todo))))
             time.sleep(0.5)
             for job in [j for j in active if j.proc.poll() is not None]:
                 active.remove(job)
                 free = sorted(free + [job.slot])
-                pbar.write(job.finish(), file=sys.stderr)
+                done[job.run.dir], line = job.finish()
+                pbar.write(line, file=sys.stderr)
                 pbar.update(1)
             pbar.set_description(', '.join(j.name for j in active) or 'runs')
             pbar.set_postfix_str('iter ' + ', '.join(j.progress() for j in active) if active else '')
@@ -297,61 +335,77 @@ def train_all(todo, slots, threads, pbar):
         for job in active:
             job.interrupt(signalled=isinstance(e, KeyboardInterrupt))
         raise
+    return [done[r.dir] for r in todo]
 
 
-def run_comparison(cfg):
-    """One comparison: plan, reuse, resume or train the runs, write the report; returns its summary (or None)."""
-    t0, first = time.time(), True
-    while True:  # planned again after training: with --lr_extend, a finished sweep may want a rate beyond an edge
-        variants, seeds, baseline, runs = plan(cfg)
-        check_dataset(cfg)
-        states, todo = todo_of(cfg, runs)
-        if cfg['plan']:  # each listed run's settings recorded: one that stops before its first checkpoint is known
-            for run, _ in todo:
-                if states[run['dir']] != 'mismatch':  # a mismatch's record still says what its directory holds
-                    check_writable(run['dir'], create=True)
-                    write_json(os.path.join(run['dir'], RECORD), dict(settings=run['settings'], status='planned',
-                                                                      processes=run['processes']))
-            return cluster.print_plan(todo, len(runs), cfg['threads'])
-        if todo or first:  # the first round also says what it reuses
-            train_runs(cfg, variants, seeds, runs, states, todo)
-        if not todo:  # every run is finished: the states are their results
-            break
-        first = False
-    summary = write_report(cfg, variants, seeds, baseline, runs, states)
-    print(f"wrote {cfg['out_dir']}/summary.md, loss.png, acts.png ({time.time() - t0:.0f} s)", file=sys.stderr)
-    return summary
-
-
-def train_runs(cfg, variants, seeds, runs, states, todo):
-    """Reuse the finished runs and train the others, N at a time."""
+def train_missing(cfg, comp, runs):
+    """Reuse the finished runs and train the others, N at a time; returns every run as it is now. --plan prints the
+    commands of the runs to do instead (and returns None); --report refuses to go on without them."""
+    todo = to_do(cfg, runs)
+    if cfg['plan']:  # each listed run's settings recorded: one that stops before its first checkpoint is known
+        for run in todo:
+            if run.state != 'mismatch':  # a mismatch's record still says what its directory holds
+                check_writable(run.dir, create=True)
+                write_json(os.path.join(run.dir, RECORD), dict(settings=run.settings, processes=run.processes))
+        cluster.print_plan([command_line(r.spec, START[r.state]) for r in todo], len(runs), cfg['threads'])
+        return None
     gpus, jobs = cluster.resolve_jobs(cfg) if todo else ([], cfg['jobs'])
     check_writable(cfg['out_dir'], create=True)
-    per = sorted({sum(r['variant'] == v for r in runs) // len(seeds) for v in variants})  # rates per variant
-    rates = f" x {per[0]}{'' if len(per) == 1 else f'-{per[-1]}'} rates" if runs[0]['lr'] is not None else ''
-    print(f"compare: {len(variants)} variants x {len(seeds)} seed(s){rates}"
+    per = sorted({len({r.lr for r in runs if r.variant == v}) for v in {r.variant for r in runs}})  # rates per variant
+    rates = f" x {per[0]}{'' if len(per) == 1 else f'-{per[-1]}'} rate(s)" if runs[0].lr is not None else ''
+    n_variants = len({r.variant for r in runs})
+    print(f"compare: {n_variants} variant(s) x {len(comp['seeds'])} seed(s){rates}"
           + f" = {len(runs)} runs into {cfg['out_dir']} ({len(runs) - len(todo)} to reuse, {len(todo)} to train"
           + (f", {jobs} at a time on GPUs {','.join(gpus)}" if gpus else '') + ')', file=sys.stderr)
     pbar = progress_bar(len(runs), 'runs', unit='run')
     for run in runs:
-        if states[run['dir']] in FINISHED:
-            how = 'finished' if states[run['dir']] == 'done' else 'diverged: see its stopped.txt'
-            pbar.write(f"{run['name']}: reused ({how})", file=sys.stderr)
+        if run.state in FINISHED:
+            how = 'finished' if run.state == 'done' else 'diverged: see its stopped.txt'
+            pbar.write(f"{run.name}: reused ({how})", file=sys.stderr)
             pbar.update(1)
-        elif states[run['dir']] == 'retrain':
-            pbar.write(f"{run['name']}: to train again: its log has no intact record of its checkpoint's evaluation",
+        elif run.state == 'retrain':
+            pbar.write(f"{run.name}: to train again: its log has no intact record of its checkpoint's evaluation",
                        file=sys.stderr)
-    train_all(todo, cluster.placement(jobs, gpus, cfg['nproc_per_run']), cfg['threads'], pbar)
+    trained = {r.dir: r for r in train_all(todo, cluster.placement(jobs, gpus, cfg['nproc_per_run']), cfg['threads'],
+                                           pbar)}
     pbar.close()
+    return [trained.get(r.dir, r) for r in runs]
 
 
-def write_report(cfg, variants, seeds, baseline, runs, states):
+def run_comparison(cfg, comp, runs):
+    """One comparison, as its steps: train the grid's missing runs, extend the sweep where a variant's best rate is at
+    an edge (--lr_extend), report. comp: check_comparison(cfg); runs: grid_runs(cfg, comp). Returns the summary (None
+    after --plan)."""
+    t0 = time.time()
+    check_dataset(cfg)
+    if (runs := train_missing(cfg, comp, runs)) is None:
+        return None
+    for _ in range(2 * MAX_EXTEND if cfg['lr_extend'] and comp['grid'] else 0):  # each edge at most MAX_EXTEND steps
+        if not (more := beyond_edges(cfg, comp, runs)):
+            break
+        if (more := train_missing(cfg, comp, more)) is None:
+            return None
+        runs += more
+    summary = write_report(cfg, comp, runs)
+    print(f"wrote {cfg['out_dir']}/summary.md, loss.png, acts.png ({time.time() - t0:.0f} s)", file=sys.stderr)
+    return summary
+
+
+def write_report(cfg, comp, runs):
     """summary.json, summary.md, loss.png and acts.png into out_dir; the table (the results) on stdout."""
-    sweep = any(r['lr'] is not None for r in runs)
-    summarize = report.summarize_sweep if sweep else report.summarize
-    summary, by_variant = summarize(cfg, variants, seeds, baseline, runs, states)
-    if sweep:
+    shown = {k: cfg[k] for k in SHOWN_KEYS}
+    chosen = {k: cfg[k] for k in configurator.DEFAULTS if identifies(k) and cfg[k] != configurator.DEFAULTS[k]
+              and k not in shown and k not in ('ffn', 'seed')}  # those two are set per run
+    head = dict(baseline=comp['baseline'], seeds=comp['seeds'], variants=comp['variants'], dataset=cfg['dataset'],
+                settings={**shown, **chosen})
+    models = {v: meta_model(next(r for r in runs if r.variant == v).settings, cfg['data_dir'])
+              for v in comp['variants']}
+    shapes = {v: {'params': m.param_report(), 'scale': scale_counts(m)} for v, m in models.items()}
+    if comp['grid']:
+        summary, by_variant = report.summarize_sweep(head, runs, shapes, best_rates(runs), cfg['learning_rate'])
         plots.lr(os.path.join(cfg['out_dir'], 'lr.png'), summary)
+    else:
+        summary, by_variant = report.summarize(head, runs, shapes)
     if summary['damaged_lines']:
         print("compare: damaged log lines set aside (not JSON records as train.py writes them): " + ', '.join(
             f"{n} in {path}" for path, n in summary['damaged_lines'].items()), file=sys.stderr)
@@ -372,9 +426,14 @@ def run_ladder(cfg):
     """--sizes: a comparison at every size in out_dir/<size>/, then the ladder's summary and ladder.png in out_dir."""
     learning_rates(cfg)  # the sweep's settings, checked before each size scales them
     sizes = ladder.size_settings(cfg)
-    for s in sizes:  # every size planned and checked (with --report: finished) before any trains
-        todo_of(cfg, plan({**cfg, **s['settings']})[3])
-    summaries = [run_comparison({**cfg, **s['settings']}) for s in sizes]
+    steps = []
+    for s in sizes:  # every size checked and read (with --report: finished) before any trains
+        size_cfg = {**cfg, **s['settings']}
+        comp = check_comparison(size_cfg)
+        runs = grid_runs(size_cfg, comp)
+        to_do(size_cfg, runs)
+        steps.append((size_cfg, comp, runs))
+    summaries = [run_comparison(*step) for step in steps]
     if cfg['plan']:  # the runs of every size are listed; the ladder's report waits for them
         return
     lad = ladder.summarize(cfg, sizes, summaries)
@@ -391,7 +450,8 @@ def main(argv):
     if cfg['tokens_per_param'] or cfg['lr_rule'] != 'fixed':
         raise UserError("--tokens_per_param and --lr_rule set the budget and learning rate per size of a ladder; "
                         "add --sizes (e.g. --sizes=2x64,3x96,4x128) or drop them.")
-    run_comparison(cfg)
+    comp = check_comparison(cfg)
+    run_comparison(cfg, comp, grid_runs(cfg, comp))
 
 
 if __name__ == '__main__':

@@ -11,7 +11,8 @@ import torch
 
 from activations import VARIANTS, check_variant, make_activations
 from cli import UserError, split_list
-from model import GPTConfig
+from model import GPT, GPTConfig
+from rundir import read_json
 
 TRAIN_DEFAULTS = dict(
     # I/O
@@ -83,6 +84,24 @@ def model_config(settings):
         return GPTConfig(**{k: settings[k] for k in MODEL_KEYS})
     except ValueError as e:
         raise UserError(f"{str(e).rstrip('.')}.") from None
+
+
+def meta_model(settings, data_dir):
+    """A run's model on the meta device (no memory, no init time); vocab_size 0 is the dataset's (its meta.json)."""
+    settings = dict(settings)
+    if not settings['vocab_size']:
+        meta = read_json(os.path.join(data_dir, settings['dataset'], 'meta.json')) or {}
+        settings['vocab_size'] = meta.get('vocab_size', 0)
+    with torch.device('meta'):
+        return GPT(model_config(settings))
+
+
+def scale_counts(model):
+    """The sizes a ladder is drawn against: N = non-embedding parameters (less the tied token embedding and any
+    position embedding, Kaplan et al. 2020), total and active (an MoE), and the model's training FLOPs per token."""
+    p = model.param_report()
+    return {'non_embedding': p['total'] - p['embedding'], 'non_embedding_active': p['active'] - p['embedding'],
+            'flops_per_token': model.flops_per_token()}
 
 
 def check(cfg):

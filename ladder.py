@@ -6,7 +6,8 @@ import sys
 
 import stats
 from cli import UserError, split_list
-from report import fmt, fmt_count, fmt_loss, meta_model, scale_counts, seed_gaps, time_verdict
+from configurator import meta_model, scale_counts
+from report import fmt, fmt_count, fmt_loss, seed_gaps, time_verdict
 from rundir import write_text
 
 BOOTSTRAP_MIN_SEEDS = 5  # fewer values have too few distinct resamples for a percentile interval

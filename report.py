@@ -1,18 +1,11 @@
-"""The report of one comparison, from its runs' log.jsonl files (and the models' shapes) alone, so the same runs
-always give the same summary.json, summary.md and printed table."""
+"""The report of one comparison: a function of its runs (runs.Run values, each read once by compare.py) and their
+models' shapes, so the same runs always give the same summary.json, summary.md and printed table."""
 import math
 import os
 import statistics
 
 import stats
-from configurator import DEFAULTS, model_config
-from rundir import checkpoint_field, read_json, read_log_lines, write_text
-from runs import RECORD, identifies
-
-# the settings that shape a comparison, shown in its summary whether chosen or left at train.py's defaults
-SHOWN_KEYS = ('dataset', 'n_layer', 'n_head', 'n_embd', 'block_size', 'batch_size', 'gradient_accumulation_steps',
-              'max_iters', 'learning_rate', 'schedule', 'warmup_iters', 'min_lr', 'eval_interval', 'eval_iters',
-              'n_expert', 'top_k', 'device', 'dtype')
+from rundir import LOG, write_text
 
 
 def run_metrics(log, loss_of=lambda r: r['val_loss']):
@@ -45,26 +38,6 @@ def mean_std(values):
             'min': min(values), 'max': max(values), 'n': len(values)} if values else None
 
 
-def meta_model(settings, data_dir):
-    """A run's model on the meta device (no memory, no init time); vocab_size 0 is the dataset's (its meta.json)."""
-    import torch
-    from model import GPT
-    settings = dict(settings)
-    if not settings['vocab_size']:
-        meta = read_json(os.path.join(data_dir, settings['dataset'], 'meta.json')) or {}
-        settings['vocab_size'] = meta.get('vocab_size', 0)
-    with torch.device('meta'):
-        return GPT(model_config(settings))
-
-
-def scale_counts(model):
-    """The sizes a ladder is drawn against: N = non-embedding parameters (less the tied token embedding and any
-    position embedding, Kaplan et al. 2020), total and active (an MoE), and the model's training FLOPs per token."""
-    p = model.param_report()
-    return {'non_embedding': p['total'] - p['embedding'], 'non_embedding_active': p['active'] - p['embedding'],
-            'flops_per_token': model.flops_per_token()}
-
-
 def mean_over_seeds(values):
     """The mean of what the activations learned (the logs' `act` records, one per seed), key by key."""
     if isinstance(values[0], dict):
@@ -74,34 +47,29 @@ def mean_over_seeds(values):
     return statistics.fmean(values)
 
 
-def summarize(cfg, variants, seeds, baseline, runs, statuses, loss_of=lambda r: r['val_loss']):
-    """The comparison's summary (JSON-able) and the per-run metrics by variant (for the pictures)."""
-    by_variant, damaged = {}, {}
+def summarize(head, runs, shapes, loss_of=lambda r: r['val_loss']):
+    """The comparison's summary (JSON-able) and the per-run metrics by variant (for the pictures). head: baseline,
+    seeds, variants, dataset and the settings shown; shapes: per variant its model's param_report and scale_counts."""
+    by_variant, damaged, baseline = {}, {}, head['baseline']
     for run in runs:
-        log, bad = read_log_lines(os.path.join(run['dir'], 'log.jsonl'))
-        if bad:
-            damaged[os.path.join(run['dir'], 'log.jsonl')] = len(bad)
-        m = {'seed': run['seed'], 'dir': run['dir'], 'status': statuses[run['dir']], **run_metrics(log, loss_of)}
+        if run.damaged:
+            damaged[os.path.join(run.dir, LOG)] = len(run.damaged)
+        m = {'seed': run.seed, 'dir': run.dir, 'status': run.state, **run_metrics(run.records, loss_of)}
         if m['status'] != 'done':
             m['final_val_loss'] = None  # a stopped run has no final evaluation to compare
-        by_variant.setdefault(run['variant'], []).append(m)
-    shown = {k: cfg[k] for k in SHOWN_KEYS}
-    chosen = {k: cfg[k] for k in DEFAULTS if identifies(k) and cfg[k] != DEFAULTS[k] and k not in shown
-              and k not in ('ffn', 'seed')}  # those two are set per run by compare.py
+        by_variant.setdefault(run.variant, []).append(m)
     # the times depend on whether the runs were compiled and how many trained side by side
-    compiled = {checkpoint_field(r['dir'], 'compiled') for r in runs} - {None}  # None: no checkpoint to say
-    at_once = {(read_json(os.path.join(r['dir'], RECORD)) or {}).get('at_once') for r in runs}
-    out = {'baseline': baseline, 'seeds': seeds, 'dataset': cfg['dataset'],
+    compiled = {(r.checkpoint or {}).get('compiled') for r in runs} - {None}  # None: no checkpoint to say
+    at_once = {r.record.get('at_once') for r in runs}
+    out = {'baseline': baseline, 'seeds': head['seeds'], 'dataset': head['dataset'],
            'compiled': 'mixed' if len(compiled) > 1 else 'on' if compiled == {True} else 'off',
-           'at_once': at_once.pop() if len(at_once) == 1 else 'mixed', 'settings': {**shown, **chosen},
+           'at_once': at_once.pop() if len(at_once) == 1 else 'mixed', 'settings': head['settings'],
            'damaged_lines': damaged, 'variants': {}}
-    models = {v: meta_model(next(r for r in runs if r['variant'] == v)['settings'], cfg['data_dir']) for v in variants}
-    scale = {v: scale_counts(model) for v, model in models.items()}
-    for v in variants:
-        ms = by_variant[v]
+    for v in head['variants']:
+        ms, scale = by_variant[v], shapes[v]['scale']
         done = [m for m in ms if m['status'] == 'done']
         out['variants'][v] = {
-            'params': models[v].param_report(), 'scale': scale[v],
+            'params': shapes[v]['params'], 'scale': scale,
             'status': 'done' if len(done) == len(ms) else 'stopped',
             'final_val_loss': mean_std([m['final_val_loss'] for m in ms]),
             'diff_to_baseline': stats.paired(seed_gaps(ms, by_variant[baseline])) if v != baseline else None,
@@ -111,15 +79,15 @@ def summarize(cfg, variants, seeds, baseline, runs, statuses, loss_of=lambda r: 
             'tokens': max(m['tokens'] for m in ms),
             'learned': mean_over_seeds(acts) if (acts := [m['act'] for m in ms if m['act']]) else None,
             'runs': [{k: x for k, x in m.items() if k != 'curve'} for m in ms],
-            'matched': matched(ms, by_variant[baseline], scale[v], scale[baseline]) if v != baseline else None,
+            'matched': matched(ms, by_variant[baseline], scale, shapes[baseline]['scale']) if v != baseline else None,
         }
     # seed noise, pooled over variants (the root mean square of their stds)
     for key, name in (('final_val_loss', 'seed_std'), ('diff_to_baseline', 'paired_diff_std')):
         var = [s[key]['std'] ** 2 for s in out['variants'].values() if s[key] and s[key]['std'] is not None]
         out[name] = math.sqrt(statistics.fmean(var)) if var else None
-    out['same_batches'] = {str(s): len({m['batch_hash'] for v in variants for m in by_variant[v]
-                                        if m['seed'] == s and m['status'] == 'done'}) <= 1 for s in seeds}
-    val_hashes = {m['val_hash'] for v in variants for m in by_variant[v]}
+    out['same_batches'] = {str(s): len({m['batch_hash'] for v in head['variants'] for m in by_variant[v]
+                                        if m['seed'] == s and m['status'] == 'done'}) <= 1 for s in head['seeds']}
+    val_hashes = {m['val_hash'] for v in head['variants'] for m in by_variant[v]}
     out['same_val_windows'] = (len(val_hashes) == 1) if None not in val_hashes else None
     return out, by_variant
 
@@ -159,50 +127,35 @@ def matched(runs, base_runs, scale, base_scale):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# a learning-rate sweep (compare.py --lrs or --lr_grid): each variant at its own best rate, chosen on the first half of
-# the validation windows (train.py logs both, `val_halves`) and reported on the second, which the choice never reads
-SELECT, REPORT = 0, 1
+# a learning-rate sweep (compare.py --lrs or --lr_grid): each variant at its own best rate, chosen (by compare.py, on
+# the first half of the validation windows) before this report, which reads only the second half
+REPORT_HALF = lambda r: r['val_halves'][1]
 
 
-def losses_by_rate(runs, statuses, half):
-    """Per variant and rate: each run's final validation loss on one half of the windows, None where it did not finish
-    (a diverged run)."""
-    by = {}
-    for run in runs:
-        evals = [r for r in read_log_lines(os.path.join(run['dir'], 'log.jsonl'))[0] if 'val_halves' in r]
-        done = statuses[run['dir']] == 'done' and evals and evals[-1]['iter'] == run['settings']['max_iters']
-        loss = evals[-1]['val_halves'][half] if done else None
-        by.setdefault(run['variant'], {}).setdefault(run['lr'], []).append(loss)
-    return by
-
-
-def choose_rates(runs, statuses):
-    """Per variant: its best rate (stats.choose_rate on the selection half only) and the losses behind the choice."""
-    return {v: stats.choose_rate(losses) for v, losses in losses_by_rate(runs, statuses, SELECT).items()}
-
-
-def summarize_sweep(cfg, variants, seeds, baseline, runs, statuses):
-    """The comparison at each variant's own best rate and at the shared rate, both on the report half, and per variant
-    what the sweep found: the report half's loss at every rate, the choice, and how sensitive the loss is to it."""
-    chosen = choose_rates(runs, statuses)
-    report_half = lambda r: r['val_halves'][REPORT]
-    at = lambda rate_of: [r for r in runs if r['lr'] == rate_of(r['variant'])]
-    summary, by_variant = summarize(cfg, variants, seeds, baseline, at(lambda v: chosen[v]['best']), statuses,
-                                    report_half)
-    shared, _ = summarize(cfg, variants, seeds, baseline, at(lambda v: cfg['learning_rate']), statuses, report_half)
+def summarize_sweep(head, runs, shapes, chosen, shared_lr):
+    """The comparison at each variant's own best rate (chosen: per variant, stats.choose_rate's answer) and at the
+    shared rate, both on the report half, and per variant what the sweep found: the report half's loss at every rate,
+    the choice, and how sensitive the loss is to it."""
+    at = lambda rate_of: [r for r in runs if r.lr == rate_of(r.variant)]
+    summary, by_variant = summarize(head, at(lambda v: chosen[v]['best']), shapes, REPORT_HALF)
+    shared, _ = summarize(head, at(lambda v: shared_lr), shapes, REPORT_HALF)
     summary['shared'] = {v: {k: s[k] for k in ('final_val_loss', 'diff_to_baseline', 'status')}
                          for v, s in shared['variants'].items()}
-    summary['lr'], reported = {}, losses_by_rate(runs, statuses, REPORT)
-    for v in variants:
-        rates, best = sorted(reported[v]), chosen[v]['best']
+    summary['lr'] = {}
+    for v in head['variants']:
+        reported = {}
+        for r in runs:
+            if r.variant == v:
+                reported.setdefault(r.lr, []).append(r.final(REPORT_HALF))
+        rates, best = sorted(reported), chosen[v]['best']
         # a rate where a seed diverged is a failure there, as in the choice: no mean of the seeds that survived
-        loss = {lr: None if None in reported[v][lr] else mean_std(reported[v][lr]) for lr in rates}
+        loss = {lr: None if None in reported[lr] else mean_std(reported[lr]) for lr in rates}
         near = lambda f: next((loss[r]['mean'] - loss[best]['mean'] for r in rates if math.isclose(r, f * best)
                                and loss[r] and loss[best]), None)
         summary['lr'][v] = {'rates': rates, 'best': best, 'edge': chosen[v]['edge'], 'select_mean': chosen[v]['mean'],
                             'report': {repr(r): loss[r] for r in rates},
                             'sensitivity': {'half': near(0.5), 'double': near(2)}}
-    summary['shared_lr'] = cfg['learning_rate']
+    summary['shared_lr'] = shared_lr
     return summary, by_variant
 
 

@@ -21,7 +21,12 @@ import torch
 
 from cli import RunStopped, UserError
 
-STOPPED = 'stopped.txt'
+# a run directory's files, named here only
+CKPT = 'ckpt.pt'  # the model, optimizer and settings at the last evaluation (train.py)
+LOG = 'log.jsonl'  # one record per logged iteration (train.py; FIELDS below)
+STOPPED = 'stopped.txt'  # why the run diverged (train.py; the next try removes it)
+RECORD = 'compare.json'  # compare.py's record of a run it started or planned: its settings before its first checkpoint
+TRAIN_OUT = 'train.out'  # the output of every try compare.py started, each after its `$ command` line
 LOCK = '.lock'  # a run directory's owner
 LOCK_FD_ENV = 'NANOFFN_LOCK_FD'  # compare.py hands the lock it took for a run to the train.py it starts
 HELD = 'held:'  # ... or, to torchrun's workers (it passes no descriptor on), the lock file torchrun holds for them
@@ -105,7 +110,7 @@ def ctrl_c_held():
 
 def save_checkpoint(ckpt, out_dir):
     with ctrl_c_held():
-        write_file(os.path.join(out_dir, 'ckpt.pt'), lambda f: _torch_save(ckpt, f), binary=True)
+        write_file(os.path.join(out_dir, CKPT), lambda f: _torch_save(ckpt, f), binary=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

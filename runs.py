@@ -1,22 +1,26 @@
 """
-A comparison's runs as data: what each run is, what its directory already holds, and the command that trains it.
+A comparison's runs as data: what each run is to be (a spec), what its directory holds (a Run, read once), and the
+command that trains it.
 
 A run is a plain train.py run in <out_dir>/<variant>[/lr<rate>]/seed<seed>, recognised by the settings its checkpoint
-holds, or before its first checkpoint by the compare.json that compare.py writes when it starts or plans one (unless
-that try failed, or the planned run did not start, before it logged anything).
+holds, or before its first checkpoint by the compare.json that compare.py writes when it starts or plans one (once
+that try has logged something: a try that failed before, or a planned run not started yet, holds nothing).
 """
 import os
 import sys
+from dataclasses import dataclass
+
+import torch
 
 from cli import split_list, to_argv
 from configurator import DEFAULTS
-from rundir import STOPPED, checkpoint_field, read_json, read_log
+from rundir import CKPT, LOG, RECORD, STOPPED, read_json, read_log_lines
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
-RECORD = 'compare.json'  # in each run directory compare.py started or planned: the run's settings, how it ended
 # where a run lives, how it starts, whether it is compiled (the same losses within float rounding) and the FLOP/s its
 # MFU is measured against: not what it is
 NOT_IDENTITY = ('out_dir', 'data_dir', 'init_from', 'overwrite', 'compile', 'compile_mode', 'peak_flops')
+FINISHED = ('done', 'stopped')  # states that are results: reused, never trained again
 
 
 def identifies(key):
@@ -30,8 +34,9 @@ def identity(settings, processes):
 
 
 def make_run(cfg, variant, seed, lr=None):
-    """One run of a comparison: cfg's settings with this variant, seed and (in a sweep) rate; min_lr keeps its ratio
-    to the rate. With --wandb_log, the comparison's runs share a group and are named and tagged by variant and seed."""
+    """The spec of one run of a comparison: cfg's settings with this variant, seed and (in a sweep) rate; min_lr keeps
+    its ratio to the rate. With --wandb_log, the comparison's runs share a group and are named and tagged by variant
+    and seed."""
     rate = [f'lr{lr:.3g}'] if lr is not None else []
     settings = {k: cfg[k] for k in DEFAULTS}
     settings.update(ffn=variant, seed=seed, out_dir=os.path.join(cfg['out_dir'], variant, *rate, f'seed{seed}'))
@@ -47,50 +52,81 @@ def make_run(cfg, variant, seed, lr=None):
                 settings=settings)
 
 
-def found_settings(d):
-    """The identity of the run in directory d, from its checkpoint or else compare.py's record; None if neither says."""
-    config = checkpoint_field(d, 'config')
+@dataclass
+class Run:
+    """A run's spec and what its directory held when it was scanned. state, the one word for its outcome: 'done',
+    'stopped' (it diverged: its outcome at these settings), 'resume' (a checkpoint to continue from), 'scratch'
+    (nothing yet), 'retrain' (a checkpoint whose log lines are gone, so its results cannot be read) or 'mismatch'
+    (trained with other settings)."""
+    spec: dict
+    state: str
+    records: list  # log.jsonl's records
+    damaged: list  # log.jsonl's lines that are not records, set aside
+    checkpoint: dict | None  # ckpt.pt, memory-mapped (its tensors are read only if used), None if none is readable
+    record: dict  # compare.json, {} if none
+    found: dict | None  # the identity the directory holds, None if it holds none
+
+    variant = property(lambda self: self.spec['variant'])
+    seed = property(lambda self: self.spec['seed'])
+    lr = property(lambda self: self.spec['lr'])  # None: no sweep, the shared learning_rate
+    name = property(lambda self: self.spec['name'])
+    dir = property(lambda self: self.spec['dir'])
+    settings = property(lambda self: self.spec['settings'])
+    processes = property(lambda self: self.spec['processes'])
+
+    def final(self, loss_of=lambda r: r['val_loss']):
+        """The last evaluation's loss (loss_of: which one, e.g. a half of the windows) if the run is done, else None."""
+        evals = [r for r in self.records if 'val_loss' in r]
+        return loss_of(evals[-1]) if self.state == 'done' and evals else None
+
+    def describe_mismatch(self):
+        wanted = identity(self.settings, self.processes)
+        keys = sorted(k for k in wanted if self.found.get(k) != wanted[k])
+        shown = ', '.join(f"{k}={self.found.get(k)!r} (now {wanted[k]!r})" for k in keys[:4])
+        return f"{self.dir} was trained with other settings: {shown}"
+
+
+def read_checkpoint(d):
+    """run directory d's ckpt.pt by memory map (nothing but its plain fields is read unless used), or None."""
+    try:
+        ckpt = torch.load(os.path.join(d, CKPT), map_location='cpu', weights_only=True, mmap=True)
+    except Exception:
+        return None
+    return ckpt if isinstance(ckpt, dict) else None
+
+
+def scan(spec):
+    """The Run of spec: its directory's log, checkpoint and compare.json, each read once, and the state they give."""
+    d, wanted = spec['dir'], identity(spec['settings'], spec['processes'])
+    records, damaged = read_log_lines(os.path.join(d, LOG))
+    ckpt, record = read_checkpoint(d), read_json(os.path.join(d, RECORD)) or {}
+    config = (ckpt or {}).get('config')
     if isinstance(config, dict):
-        return identity(config, checkpoint_field(d, 'world_size') or 1)
-    record = read_json(os.path.join(d, RECORD)) or {}
-    # a try that failed before it logged anything (e.g. a device this machine lacks), or a planned run not started yet
-    empty = record.get('status') in ('failed', 'planned') and not read_log(os.path.join(d, 'log.jsonl'))
-    if isinstance(record.get('settings'), dict) and not empty:
-        return identity(record['settings'], record.get('processes', 1))
-    return None
-
-
-def run_state(run):
-    """What run's directory holds: 'done', 'stopped', 'resume' (a checkpoint to continue from), 'scratch' (nothing yet),
-    'retrain' (a checkpoint whose log lines are gone, so its results cannot be read) or 'mismatch' (other settings)."""
-    d, wanted = run['dir'], identity(run['settings'], run['processes'])
-    found = found_settings(d)
+        found = identity(config, ckpt.get('world_size') or 1)
+    elif isinstance(record.get('settings'), dict) and records:  # before its first checkpoint, once it logged
+        found = identity(record['settings'], record.get('processes', 1))
+    else:
+        found = None
+    saved = (ckpt or {}).get('iter_num')
     if found is not None and found != wanted:
-        return 'mismatch'
-    log = read_log(os.path.join(d, 'log.jsonl'))
-    if log and log[-1]['iter'] == run['settings']['max_iters'] and 'val_loss' in log[-1]:
-        return 'done'
-    if os.path.exists(os.path.join(d, STOPPED)):  # it diverged (train.py's note): its outcome at these settings
-        return 'stopped'
-    saved = checkpoint_field(d, 'iter_num')
-    if saved is None:
-        return 'scratch'
-    return 'resume' if any(r['iter'] == saved and 'val_loss' in r for r in log) else 'retrain'
+        state = 'mismatch'
+    elif records and records[-1]['iter'] == spec['settings']['max_iters'] and 'val_loss' in records[-1]:
+        state = 'done'
+    elif os.path.exists(os.path.join(d, STOPPED)):  # it diverged (train.py's note)
+        state = 'stopped'
+    elif saved is None:
+        state = 'scratch'
+    else:
+        state = 'resume' if any(r['iter'] == saved and 'val_loss' in r for r in records) else 'retrain'
+    return Run(spec, state, records, damaged, ckpt, record, found)
 
 
-def describe_mismatch(run):
-    found, wanted = found_settings(run['dir']), identity(run['settings'], run['processes'])
-    keys = sorted(k for k in wanted if found.get(k) != wanted[k])
-    shown = ', '.join(f"{k}={found.get(k)!r} (now {wanted[k]!r})" for k in keys[:4])
-    return f"{run['dir']} was trained with other settings: {shown}"
-
-
-def command_line(run, mode):
+def command_line(spec, mode):
     """A run's exact command: train.py with every setting explicit and absolute paths, so that it runs the same from
     anywhere, through torchrun for several processes. mode: 'scratch', 'resume' or 'overwrite' (what the dir holds)."""
-    settings = {**run['settings'], 'out_dir': os.path.abspath(run['dir']),
-                'data_dir': os.path.abspath(run['settings']['data_dir']),
+    settings = {**spec['settings'], 'out_dir': os.path.abspath(spec['dir']),
+                'data_dir': os.path.abspath(spec['settings']['data_dir']),
                 'init_from': 'resume' if mode == 'resume' else 'scratch', 'overwrite': mode == 'overwrite'}
-    n = run['processes']
+    n = spec['processes']
     launch = [sys.executable] + (['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={n}'] if n > 1 else [])
     return launch + [TRAIN_PY] + to_argv(settings)

@@ -23,7 +23,7 @@ import progress  # noqa: E402
 import runs  # noqa: E402
 from cli import UserError, run_cli  # noqa: E402
 from configurator import DEFAULTS, TYPES  # noqa: E402
-from rundir import read_json  # noqa: E402
+from rundir import RECORD, read_json  # noqa: E402
 
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
         '--lr_decay_iters=4', '--warmup_iters=1', '--eval_interval=2', '--eval_iters=2', '--log_interval=1',
@@ -118,16 +118,16 @@ def test_train_all_keeps_two_runs_per_gpu(four_gpus, tmp_path, monkeypatch):
     monkeypatch.setattr(compare.subprocess, 'Popen', popen)
     monkeypatch.setattr(compare.time, 'sleep', lambda s: None)
     planned = [runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path)), 'gelu', s) for s in range(12)]
-    compare.train_all([(r, 'scratch') for r in planned], cluster.placement(8, four_gpus, 1), 0,
+    compare.train_all([runs.scan(r) for r in planned], cluster.placement(8, four_gpus, 1), 0,
                       progress.PlainProgress(12, 'runs'))
-    records = [read_json(os.path.join(r['dir'], runs.RECORD)) for r in planned]
-    assert len(started) == 12 and all(rec['status'] == 'done' and rec['at_once'] == 8 for rec in records)
+    records = [read_json(os.path.join(r['dir'], RECORD)) for r in planned]
+    assert len(started) == 12 and all(rec['at_once'] == 8 for rec in records)
     assert max(p.load for p in started) == 2
     assert collections.Counter(p.gpu for p in started[:8]) == {g: 2 for g in four_gpus}
     # one run left to train has 8 slots to itself: it trains alone, and its record says so (its tok/s depend on it)
-    compare.train_all([(runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path / 'one')), 'gelu', 0), 'scratch')],
+    compare.train_all([runs.scan(runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path / 'one')), 'gelu', 0))],
                       cluster.placement(8, four_gpus, 1), 0, progress.PlainProgress(1, 'runs'))
-    assert read_json(os.path.join(tmp_path, 'one', 'gelu', 'seed0', runs.RECORD))['at_once'] == 1
+    assert read_json(os.path.join(tmp_path, 'one', 'gelu', 'seed0', RECORD))['at_once'] == 1
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -193,9 +193,10 @@ def test_report_of_planned_runs_equals_compare_running_them(planned):
     assert a['variants']['moa']['diff_to_baseline']['std'] is not None  # two seeds: the statistics are there
     assert strip_paths_and_times(b) == strip_paths_and_times(a)
     assert '(4 to reuse, 0 to train)' in planned['report'][1]
-    # compare.py only planned them: their records say so (their checkpoints say what they are)
+    # compare.py only planned them: their records hold the settings, not how many trained at once (their checkpoints
+    # say what they are)
     records = [os.path.join(d, 'compare.json') for d, _, files in os.walk(planned['elsewhere']) if 'ckpt.pt' in files]
-    assert len(records) == 4 and all(json.load(open(r))['status'] == 'planned' for r in records)
+    assert len(records) == 4 and all(set(json.load(open(r))) == {'settings', 'processes'} for r in records)
     assert '| moa |' in planned['report'][0]
     # nothing is left to do: planning again lists nothing
     again = run_main(compare_cmd(planned['data'], planned['elsewhere'], '--plan=True')[2:])

@@ -11,7 +11,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 import types
 
 import pytest
@@ -27,6 +26,15 @@ import runs
 from cli import RunStopped, run_cli
 from model import GPTConfig
 from model import GPT
+
+
+def grid_specs(cfg):
+    """The specs of every run of a comparison's grid, as compare.py plans them."""
+    return [r.spec for r in compare.grid_runs(cfg, compare.check_comparison(cfg))]
+
+
+def scan_state(spec):
+    return runs.scan(spec).state
 
 VARIANTS = ['gelu', 'moa']  # a fixed activation and one that logs what it learned ('act')
 SEEDS = [1337, 1338]
@@ -167,7 +175,7 @@ def test_outputs(compared):
     assert 'Seed noise' in md and 'moa' in md.split('What the learnable activations learned')[1]
     # each run kept its quietened output and the settings it was started with
     rec = json.load(open(os.path.join(run_dir(out, 'moa', SEEDS[1]), 'compare.json')))
-    assert rec['status'] == 'done' and rec['settings']['ffn'] == 'moa' and rec['settings']['seed'] == SEEDS[1]
+    assert rec['settings']['ffn'] == 'moa' and rec['settings']['seed'] == SEEDS[1]
     assert rec['at_once'] == 2 and 'eager times, 2 runs at a time' in md  # as trained (--jobs=2), from the records
     assert 'done: 4 iterations' in open(os.path.join(run_dir(out, 'moa', SEEDS[1]), 'train.out')).read()
 
@@ -196,12 +204,8 @@ def test_stopped_and_cut_off_runs(compared, shakespeare_char_dir, tmp_path, monk
     monkeypatch.delenv('NANOFFN_NAN_AT')
     assert '(4 to reuse, 0 to train)' in run_compare(argv)  # a stop is a result: the same command does not retry it
 
-    # what a kill at iteration 3 leaves: the checkpoint and log of iteration 2, and a record still saying 'running'
-    # (and no stopped.txt: a killed run did not stop on its own)
-    record_path = os.path.join(part, 'compare.json')
-    record = json.load(open(record_path))
-    with open(record_path, 'w') as f:
-        json.dump({'settings': record['settings'], 'processes': 1, 'status': 'running'}, f)
+    # what a kill at iteration 3 leaves: the checkpoint and log of iteration 2 (and no stopped.txt: a killed run did
+    # not stop on its own)
     os.remove(os.path.join(part, 'stopped.txt'))
     stdout = run_compare(argv)
     assert '(3 to reuse, 1 to train)' in stdout and 'resumed from iteration 2' in stdout
@@ -234,52 +238,50 @@ def test_user_mistakes(extra, words, shakespeare_char_dir, tmp_path, capsys):
 
 
 def test_only_a_diverged_run_is_an_outcome(tmp_path):
-    """A stop with stopped.txt written by this try (train.py's note of a divergence; exit status 3, or torchrun's 1)
-    is the run's outcome: recorded as stopped and reused. Without it (a full disk), or with an older one, it is a
-    failure: the comparison stops, and the same command again continues the run, even with its settings corrected when
-    the failed try logged nothing."""
+    """A try that exits non-zero and leaves stopped.txt (train.py's note of a divergence; exit status 3, or torchrun's
+    1) ends in the run's outcome: its state is 'stopped', and it is reused. Without it (a full disk) it is a failure:
+    the comparison stops, and the same command again continues the run, even with its settings corrected when the
+    failed try logged nothing. (compare.py removes an earlier try's note before it starts a run.)"""
     cfg = compare.settings([f'--out_dir={tmp_path}', '--variants=gelu', '--seeds=1', *TINY])
-    (run,) = compare.plan(cfg)[3]
-    os.makedirs(run['dir'])
+    (spec,) = grid_specs(cfg)
+    os.makedirs(spec['dir'])
     job = compare.Job.__new__(compare.Job)  # as Job.__init__ leaves it once its train.py has exited with status 3
-    job.run, job.t0, job.name, job.resumed_from, job.lock = run, 0.0, run['name'], None, None
-    job.log_path, job.out_path = os.path.join(run['dir'], 'log.jsonl'), os.path.join(run['dir'], 'train.out')
-    job.record, job.proc = dict(settings=run['settings'], processes=1, status='running'), types.SimpleNamespace(
-        returncode=3)
+    job.run, job.t0, job.name, job.resumed_from = runs.scan(spec), 0.0, spec['name'], None
+    job.log_path, job.out_path = os.path.join(spec['dir'], 'log.jsonl'), os.path.join(spec['dir'], 'train.out')
+    job.proc = types.SimpleNamespace(returncode=3)
     with open(job.out_path, 'w') as f:
         f.write("$ train.py\nstopped: could not write ckpt.pt (No space left on device); free some space.\n")
     with pytest.raises(RunStopped, match='No space left'):
         job.finish()
-    record = os.path.join(run['dir'], runs.RECORD)
-    assert rundir.read_json(record)['status'] == 'failed' and runs.run_state(run) == 'scratch'
-    rundir.write_json(record, {'settings': {**run['settings'], 'n_embd': 64}, 'processes': 1, 'status': 'failed'})
-    assert runs.run_state(run) == 'scratch'  # not 'mismatch': nothing was trained with those settings
+    assert scan_state(spec) == 'scratch'
+    record = os.path.join(spec['dir'], rundir.RECORD)
+    rundir.write_json(record, {'settings': {**spec['settings'], 'n_embd': 64}, 'processes': 1})
+    assert scan_state(spec) == 'scratch'  # not 'mismatch': nothing was trained with those settings
     rundir.append_log(job.log_path, {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
-    assert runs.run_state(run) == 'mismatch'  # but a failed try that trained some says what it was
+    assert scan_state(spec) == 'mismatch'  # but a failed try that trained some says what it was
     os.remove(job.log_path)
     diverged = "the training loss became non-finite (nan) at iteration 3, so the run stopped"
-    notes = {os.path.join(run['dir'], 'stopped.txt'): diverged, job.out_path: f"$ train.py\nstopped: {diverged}"}
+    notes = {os.path.join(spec['dir'], 'stopped.txt'): diverged, job.out_path: f"$ train.py\nstopped: {diverged}"}
     for path, text in notes.items():
         with open(path, 'w') as f:
             f.write(text + '\n')
-    job.t0 = time.time() + 60  # a note older than this try: left by an earlier one
-    with pytest.raises(RunStopped):
-        job.finish()
-    job.t0, job.proc.returncode = 0.0, 1  # a divergence as torchrun reports it (a DDP run's process exited 3)
-    assert job.finish().endswith(f'STOPPED: stopped: {diverged}')
-    assert rundir.read_json(record)['status'] == 'stopped' and runs.run_state(run) == 'stopped'
+    job.proc.returncode = 1  # a divergence as torchrun reports it (a DDP run's process exited 3)
+    run, line = job.finish()
+    assert line.endswith(f'STOPPED: stopped: {diverged}') and run.state == 'stopped' == scan_state(spec)
 
 
 def test_a_run_without_a_checkpoint_does_not_make_the_times_mixed(tmp_path):
     """Whether times are compiled comes from the runs' checkpoints: one that stopped before its first says nothing."""
     cfg = compare.settings([f'--out_dir={tmp_path}', '--variants=gelu,relu2', '--seeds=1', '--vocab_size=65', *TINY])
-    planned = compare.plan(cfg)[3]
+    planned = grid_specs(cfg)
     for r in planned:
         os.makedirs(r['dir'])
         rundir.append_log(os.path.join(r['dir'], 'log.jsonl'), {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
     torch.save({'compiled': False}, os.path.join(planned[0]['dir'], 'ckpt.pt'))
-    summary, _ = report.summarize(cfg, ['gelu', 'relu2'], [1337], 'gelu', planned,
-                                  {planned[0]['dir']: 'done', planned[1]['dir']: 'stopped'})
+    runs_ = [runs.scan(spec) for spec in planned]
+    shapes = {r.variant: {'params': None, 'scale': None} for r in runs_}
+    head = dict(baseline='gelu', seeds=[1337], variants=['gelu', 'relu2'], dataset=cfg['dataset'], settings={})
+    summary, _ = report.summarize(head, runs_, shapes)
     assert summary['compiled'] == 'off'
 
 
@@ -299,21 +301,21 @@ def test_a_planned_run_that_diverged_before_its_first_checkpoint_keeps_its_setti
             *TINY]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         compare.main(argv + ['--plan=True'])
-    (run,) = compare.plan(compare.settings(argv + ['--learning_rate=1e-3']))[3]
-    assert runs.run_state(run) == 'scratch'  # planned, never started: the new settings simply replace the plan
+    (run,) = grid_specs(compare.settings(argv + ['--learning_rate=1e-3']))
+    assert scan_state(run) == 'scratch'  # planned, never started: the new settings simply replace the plan
     rundir.append_log(os.path.join(run['dir'], 'log.jsonl'), {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
     with open(os.path.join(run['dir'], 'stopped.txt'), 'w') as f:
         f.write('the training loss became non-finite\n')
-    assert runs.run_state(compare.plan(compare.settings(argv))[3][0]) == 'stopped'
-    assert runs.run_state(run) == 'mismatch'
+    assert scan_state(grid_specs(compare.settings(argv))[0]) == 'stopped'
+    assert scan_state(run) == 'mismatch'
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # planning changes
         compare.main(argv + ['--learning_rate=1e-3', '--overwrite=True', '--plan=True'])  # nothing it holds
-    assert runs.run_state(compare.plan(compare.settings(argv))[3][0]) == 'stopped'
-    assert runs.run_state(run) == 'mismatch'
+    assert scan_state(grid_specs(compare.settings(argv))[0]) == 'stopped'
+    assert scan_state(run) == 'mismatch'
 
 
 def test_what_a_run_is_leaves_out_where_and_how_it_ran():
-    run = compare.plan(compare.settings(['--variants=gelu', '--seeds=1', '--lrs=', *TINY]))[3][0]
+    run = grid_specs(compare.settings(['--variants=gelu', '--seeds=1', '--lrs=', *TINY]))[0]
     same = {**run['settings'], 'out_dir': 'elsewhere', 'compile': True, 'peak_flops': 989e12, 'wandb_log': True}
     assert runs.identity(same, 1) == runs.identity(run['settings'], 1) != runs.identity({**same, 'seed': 1}, 1)
 
@@ -330,9 +332,9 @@ def test_a_bundled_dataset_is_prepared_on_demand(tmp_path):
 def test_configs_plan(name):
     """Each shipped comparison config parses and plans (valid variants, baseline, keys) without training anything."""
     cfg = compare.settings([os.path.join(REPO, 'config', f'{name}.py'), '--plan'])  # planned for a GPU elsewhere
-    variants, seeds, baseline, planned = compare.plan(cfg)
-    rates = compare.learning_rates(cfg) or [None]
-    assert baseline == 'gelu' and len(planned) == len(variants) * len(seeds) * len(rates)
+    comp = compare.check_comparison(cfg)
+    variants, seeds, rates = comp['variants'], comp['seeds'], comp['grid'] or [None]
+    assert comp['baseline'] == 'gelu' and len(grid_specs(cfg)) == len(variants) * len(seeds) * len(rates)
     if name == 'compare_shakespeare_char':
         assert set(variants) >= {'gelu', 'relu2', 'swiglu', 'polyrelu', 'polynorm', 'la', 'moa', 'moa_glu'}
         assert len(seeds) >= 2 and cfg['device'] == 'cpu' and cfg['dtype'] == 'float32'
@@ -384,16 +386,16 @@ def test_a_planned_run_that_stops_is_reported_as_stopped(shakespeare_char_dir, t
     """A run launched from --plan's command (no compare.py around it to record the stop) leaves stopped.txt; the
     comparison then counts it as stopped instead of asking for it again. A deliberate new try removes the note."""
     cfg = compare.settings(args(shakespeare_char_dir, str(tmp_path / 'cmp')) + ['--variants=gelu', '--seeds=1'])
-    (run,) = compare.plan(cfg)[3]
+    (run,) = grid_specs(cfg)
     cmd = runs.command_line(run, 'scratch')
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, 'NANOFFN_NAN_AT': '3'})
     assert p.returncode == 3, p.stderr[-2000:]
     assert 'non-finite' in open(os.path.join(run['dir'], 'stopped.txt')).read()
-    assert runs.run_state(run) == 'stopped'
+    assert scan_state(run) == 'stopped'
     p = subprocess.run(runs.command_line(run, 'resume'), capture_output=True, text=True)  # tried again, no NaN
     assert p.returncode == 0, p.stderr[-2000:]
     assert not os.path.exists(os.path.join(run['dir'], 'stopped.txt'))
-    assert runs.run_state(run) == 'done'
+    assert scan_state(run) == 'done'
 
 
 def test_help_shows_the_values_a_bare_run_uses(capsys):

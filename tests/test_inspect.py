@@ -27,6 +27,12 @@ from data.loader import DataLoader
 from model import GPT
 from rundir import save_checkpoint
 
+
+def grid_specs(cfg):
+    """The specs of every run of a comparison's grid, as compare.py plans them."""
+    return [r.spec for r in compare.grid_runs(cfg, compare.check_comparison(cfg))]
+
+
 VARIANTS = ['gelu', 'la', 'polynorm']
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
         '--lr_decay_iters=4', '--warmup_iters=1', '--learning_rate=1e-2', '--eval_interval=2', '--eval_iters=1',
@@ -39,7 +45,7 @@ def compared(shakespeare_char_dir, tmp_path_factory):
     argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', f'--variants={",".join(VARIANTS)}', '--seeds=2',
             '--lrs=', '--jobs=2', '--threads=1', *TINY]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        for run in compare.plan(compare.settings(argv))[3]:  # the very runs compare.py plans, trained here
+        for run in grid_specs(compare.settings(argv)):  # the very runs compare.py plans, trained here
             train.main(to_argv(run['settings']))
         compare.main(argv)
     return out

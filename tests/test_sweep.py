@@ -2,6 +2,7 @@
 chosen rates are right, an edge optimum is flagged and the extension walks to the interior, and the choice never reads
 the half of the validation windows the comparison is reported on; then (slow) a tiny sweep end to end."""
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -18,6 +19,15 @@ import runs as runs_py  # noqa: E402
 from cli import UserError  # noqa: E402
 from test_hostile import TINY, call  # noqa: E402
 
+
+import rundir  # noqa: E402
+
+
+def grid_specs(cfg):
+    """The specs of every run of a comparison's grid, as compare.py plans them."""
+    return [r.spec for r in compare.grid_runs(cfg, compare.check_comparison(cfg))]
+
+
 OPTIMA = {'gelu': 8e-3, 'swiglu': 2e-3}  # the known best rate of each variant in the synthetic losses below
 
 
@@ -29,8 +39,8 @@ def settings(out, *extra):
 def finish(run, select, report_half):
     """Make `run` look finished, as train.py leaves it: its record and a log whose last evaluation has these halves."""
     os.makedirs(run['dir'], exist_ok=True)
-    with open(os.path.join(run['dir'], runs_py.RECORD), 'w') as f:
-        json.dump({'settings': run['settings'], 'processes': 1, 'status': 'done'}, f)
+    with open(os.path.join(run['dir'], rundir.RECORD), 'w') as f:
+        json.dump({'settings': run['settings'], 'processes': 1}, f)
     last = {'iter': run['settings']['max_iters'], 'tokens': 512, 'loss': 3.0, 'ms': 1.0, 'tok_s': 1e5,
             'val_loss': (select + report_half) / 2, 'val_halves': [select, report_half], 'val_hash': 'v',
             'batch_hash': f"b{run['seed']}"}
@@ -45,45 +55,47 @@ def u_loss(run, half):
     return 2.0 + (0.05 if half == 0 else -0.05) * x * x + 0.001 * (run['seed'] % 2)
 
 
-def train_synthetically(cfg):
-    """Plan, 'train' every run still to do with the synthetic losses, and plan again until nothing is left."""
-    while True:
-        planned = compare.plan(cfg)[3]
-        todo = [r for r in planned if runs_py.run_state(r) != 'done']
-        if not todo:
-            return planned
+def train_synthetically(cfg, monkeypatch):
+    """compare.run_comparison's steps, each run 'trained' with the synthetic losses; returns its runs as scanned."""
+    def train_all(todo, slots, threads, pbar):
         for r in todo:
-            finish(r, u_loss(r, 0), u_loss(r, 1))
+            finish(r.spec, u_loss(r.spec, 0), u_loss(r.spec, 1))
+        return [runs_py.scan(r.spec) for r in todo]
+    monkeypatch.setattr(compare, 'train_all', train_all)
+    monkeypatch.setattr(compare, 'check_dataset', lambda cfg: None)
+    monkeypatch.setattr(compare, 'write_report', lambda cfg, comp, runs: runs)
+    comp = compare.check_comparison(cfg)
+    return compare.run_comparison(cfg, comp, compare.grid_runs(cfg, comp))
 
 
-def test_the_chosen_rates_are_the_known_optima_and_an_edge_is_extended_to_the_interior(tmp_path):
+def sweep_report(cfg, runs):
+    comp = compare.check_comparison(cfg)
+    head = dict(baseline='gelu', seeds=comp['seeds'], variants=comp['variants'], dataset=cfg['dataset'], settings={})
+    shapes = {v: {'params': {}, 'scale': {'flops_per_token': 1}} for v in comp['variants']}
+    return report.summarize_sweep(head, runs, shapes, compare.best_rates(runs), cfg['learning_rate'])[0]
+
+
+def test_the_chosen_rates_are_the_known_optima_and_an_edge_is_extended_to_the_interior(tmp_path, monkeypatch):
     cfg = settings(tmp_path / 'cmp', '--lr_extend=True')
-    planned = train_synthetically(cfg)
-    statuses = {r['dir']: 'done' for r in planned}
-    chosen = report.choose_rates(planned, statuses)
+    runs = train_synthetically(cfg, monkeypatch)
+    chosen = compare.best_rates(runs)
     assert {v: c['best'] for v, c in chosen.items()} == OPTIMA and not any(c['edge'] for c in chosen.values())
     # gelu's optimum (8e-3) lay beyond the grid: two rates were added above it, the second one past the optimum;
     # swiglu's (2e-3) was inside: nothing added
-    assert sorted({r['lr'] for r in planned if r['variant'] == 'gelu'}) == [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
-    assert sorted({r['lr'] for r in planned if r['variant'] == 'swiglu'}) == [1e-3, 2e-3, 4e-3]
+    assert sorted({r.lr for r in runs if r.variant == 'gelu'}) == [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
+    assert sorted({r.lr for r in runs if r.variant == 'swiglu'}) == [1e-3, 2e-3, 4e-3]
 
 
-def test_without_extension_an_edge_optimum_is_flagged(tmp_path):
+def test_without_extension_an_edge_optimum_is_flagged(tmp_path, monkeypatch):
     cfg = settings(tmp_path / 'cmp', '--lr_extend=False')
-    planned = train_synthetically(cfg)
-    chosen = report.choose_rates(planned, {r['dir']: 'done' for r in planned})
+    chosen = compare.best_rates(train_synthetically(cfg, monkeypatch))
     assert chosen['gelu'] == {**chosen['gelu'], 'best': 4e-3, 'edge': 'high'} and chosen['swiglu']['edge'] is None
 
 
-def test_the_extension_is_bounded(tmp_path):
-    global OPTIMA
-    far = dict(OPTIMA, gelu=1.0)  # an optimum no bounded walk reaches
-    old, OPTIMA = OPTIMA, far
-    try:
-        planned = train_synthetically(settings(tmp_path / 'cmp', '--lr_extend=True'))
-    finally:
-        OPTIMA = old
-    rates = sorted({r['lr'] for r in planned if r['variant'] == 'gelu'})
+def test_the_extension_is_bounded(tmp_path, monkeypatch):
+    monkeypatch.setitem(OPTIMA, 'gelu', 1.0)  # an optimum no bounded walk reaches
+    runs = train_synthetically(settings(tmp_path / 'cmp', '--lr_extend=True'), monkeypatch)
+    rates = sorted({r.lr for r in runs if r.variant == 'gelu'})
     assert len(rates) == 3 + compare.MAX_EXTEND and rates[-1] == pytest.approx(4e-3 * 2 ** compare.MAX_EXTEND)
 
 
@@ -91,14 +103,14 @@ def test_the_report_half_cannot_influence_the_choice(tmp_path):
     """The same selection halves with two opposite report halves: the same choice, and the reported losses are the
     report half's."""
     cfg = settings(tmp_path / 'cmp', '--lr_extend=False')
-    planned = compare.plan(cfg)[3]
-    statuses = {r['dir']: 'done' for r in planned}
+    planned = grid_specs(cfg)
     choices = []
     for sign in (1, -1):
         for r in planned:
             finish(r, u_loss(r, 0), 2.0 + sign * 0.3 * math.log2(r['lr'] / 1e-3))
-        choices.append(report.choose_rates(planned, statuses))
-        summary, _ = report.summarize_sweep(cfg, ['gelu', 'swiglu'], [1337, 1338], 'gelu', planned, statuses)
+        runs = [runs_py.scan(r) for r in planned]
+        choices.append(compare.best_rates(runs))
+        summary = sweep_report(cfg, runs)
         best = summary['lr']['gelu']['best']
         expected = 2.0 + sign * 0.3 * math.log2(best / 1e-3)
         assert summary['variants']['gelu']['final_val_loss']['mean'] == pytest.approx(expected)
@@ -113,7 +125,8 @@ def test_sweep_settings_are_checked_up_front(tmp_path):
                          (['--eval_iters=1'], 'eval_iters'),
                          (['--lrs=1e-3,1.0001e-3,2e-3'], 'share a run directory')]:
         with pytest.raises(UserError, match=words):
-            compare.plan(settings(tmp_path / 'cmp', *extra))
+            cfg = settings(tmp_path / 'cmp', *extra)
+            compare.grid_runs(cfg, compare.check_comparison(cfg))
     grid = compare.learning_rates({**settings(tmp_path / 'cmp', '--lrs='), 'lr_grid': 2})
     assert grid == pytest.approx([5e-4, 1e-3, 2e-3, 4e-3, 8e-3]) and 2e-3 in grid
 
@@ -122,12 +135,13 @@ def test_a_rate_where_a_seed_diverged_is_a_failure_there(tmp_path):
     """One seed of gelu diverged at 4e-3, its best rate otherwise: the choice moves to 2e-3, the report shows no
     loss at 4e-3 (not the surviving seed's), marks the rate, and summary.json stays plain JSON (no Infinity)."""
     cfg = settings(tmp_path / 'cmp', '--lr_extend=False')
-    planned = compare.plan(cfg)[3]
+    planned = grid_specs(cfg)
     for r in planned:
         finish(r, u_loss(r, 0), u_loss(r, 1))
     diverged = {('gelu', 4e-3, 1338), ('swiglu', 2e-3, 1337)}  # swiglu's at the shared rate
-    statuses = {r['dir']: 'stopped' if (r['variant'], r['lr'], r['seed']) in diverged else 'done' for r in planned}
-    summary, _ = report.summarize_sweep(cfg, ['gelu', 'swiglu'], [1337, 1338], 'gelu', planned, statuses)
+    runs = [runs_py.scan(r) for r in planned]
+    runs = [dataclasses.replace(r, state='stopped') if (r.variant, r.lr, r.seed) in diverged else r for r in runs]
+    summary = sweep_report(cfg, runs)
     gelu = summary['lr']['gelu']
     assert gelu['best'] == 2e-3 and gelu['report'][repr(4e-3)] is None and gelu['select_mean'][repr(4e-3)] is None
     assert gelu['sensitivity']['double'] is None and gelu['report'][repr(1e-3)]['n'] == 2

@@ -30,6 +30,15 @@ from cli import run_cli, to_argv  # noqa: E402
 from test_hostile import TINY, call, files, message_lines  # noqa: E402
 
 
+def grid_specs(cfg):
+    """The specs of every run of a comparison's grid, as compare.py plans them."""
+    return [r.spec for r in compare.grid_runs(cfg, compare.check_comparison(cfg))]
+
+
+def scan_state(spec):
+    return runs.scan(spec).state
+
+
 @contextlib.contextmanager
 def small_disk(path, size):
     """A tmpfs of `size` mounted at path; None where this process may not mount one."""
@@ -200,7 +209,7 @@ def compared(shakespeare_char_dir, tmp_path_factory):
     argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--variants=gelu,la', '--seeds=1', '--lrs=',
             '--max_iters=4', '--eval_interval=2', *TINY]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        for run in compare.plan(compare.settings(argv))[3]:
+        for run in grid_specs(compare.settings(argv)):
             train.main(to_argv(run['settings']))
         compare.main(argv)
     return argv, out
@@ -283,8 +292,8 @@ def test_a_finished_run_whose_log_is_gone_is_trained_again_not_counted(compared,
     argv, out = copy_of(compared, tmp_path)
     os.remove(os.path.join(out, 'la', 'seed1337', 'log.jsonl'))
     cfg = compare.settings(argv)
-    run = next(r for r in compare.plan(cfg)[3] if r['variant'] == 'la')
-    assert runs.run_state(run) == 'retrain'
+    run = next(r for r in grid_specs(cfg) if r['variant'] == 'la')
+    assert scan_state(run) == 'retrain'
     with contextlib.redirect_stdout(io.StringIO()) as plan:
         compare.main(argv + ['--plan=True'])
     assert plan.getvalue().count('\n') == 1 and '--overwrite=True' in plan.getvalue()
@@ -298,7 +307,7 @@ def test_a_ladder_report_checks_every_size_before_writing(compared, shakespeare_
     argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--variants=gelu', '--seeds=1', '--max_iters=2',
             '--eval_interval=2', '--lrs=', *TINY, '--sizes=1x32x2,1x16x2']
     with contextlib.redirect_stderr(io.StringIO()):
-        for run in compare.plan(compare.settings(argv + ['--sizes=', f'--out_dir={out}/1x32']))[3]:
+        for run in grid_specs(compare.settings(argv + ['--sizes=', f'--out_dir={out}/1x32'])):
             train.main(to_argv(run['settings']))
     before = files(out)
     code, err = call(compare.main, argv + ['--report=True'], capsys)
