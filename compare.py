@@ -352,9 +352,9 @@ def train_missing(cfg, comp, runs):
     gpus, jobs = cluster.resolve_jobs(cfg) if todo else ([], cfg['jobs'])
     check_writable(cfg['out_dir'], create=True)
     per = sorted({len({r.lr for r in runs if r.variant == v}) for v in {r.variant for r in runs}})  # rates per variant
-    rates = f" x {per[0]}{'' if len(per) == 1 else f'-{per[-1]}'} rate(s)" if runs[0].lr is not None else ''
+    rates = f" x {per[0]}{'' if len(per) == 1 else f'-{per[-1]}'} rates" if runs[0].lr is not None else ''
     n_variants = len({r.variant for r in runs})
-    print(f"compare: {n_variants} variant(s) x {len(comp['seeds'])} seed(s){rates}"
+    print(f"compare: {n_variants} variants x {len(comp['seeds'])} seed(s){rates}"
           + f" = {len(runs)} runs into {cfg['out_dir']} ({len(runs) - len(todo)} to reuse, {len(todo)} to train"
           + (f", {jobs} at a time on GPUs {','.join(gpus)}" if gpus else '') + ')', file=sys.stderr)
     pbar = progress_bar(len(runs), 'runs', unit='run')
