@@ -98,10 +98,12 @@ def check_comparison(cfg):
     if not (cfg['plan'] or cfg['report']):  # the runs train on this machine: a device it lacks is said now, and a
         resolve_device(cfg['device'])  # dtype name (bfloat16 support is each run's to check, on its own GPU)
         resolve_dtype(cfg['dtype'], 'cpu')
+    grid = learning_rates(cfg)
     seeds = [cfg['seed'] + i for i in range(cfg['seeds'])]
+    fresh = [seeds[-1] + 1 + i for i in range(cfg['seeds'])] if grid else []  # a sweep's verdict: the seeds after
     for v in variants:
-        check({**cfg, 'ffn': v, 'seed': seeds[-1]})  # the mistakes train.py would report, before anything runs
-    return dict(variants=variants, seeds=seeds, baseline=baseline, grid=learning_rates(cfg))
+        check({**cfg, 'ffn': v, 'seed': (fresh or seeds)[-1]})  # the mistakes train.py would report, before any run
+    return dict(variants=variants, seeds=seeds, fresh_seeds=fresh, baseline=baseline, grid=grid)
 
 
 def learning_rates(cfg):
@@ -129,9 +131,10 @@ def learning_rates(cfg):
     return rates
 
 
-def specs(cfg, comp, variants, rates):
-    """The runs of these variants at these rates (None: the shared learning_rate), seed by seed."""
-    out = [make_run(cfg, v, s, lr) for v in variants for lr in rates for s in comp['seeds']]
+def specs(cfg, comp, variants, rates, seeds=None):
+    """The runs of these variants at these rates (None: the shared learning_rate), seed by seed (the sweep's seeds
+    unless given)."""
+    out = [make_run(cfg, v, s, lr) for v in variants for lr in rates for s in seeds or comp['seeds']]
     if len({r['dir'] for r in out}) < len(out):  # a run's directory names its rate to 3 significant digits
         raise UserError("two of the sweep's rates agree to 3 significant digits, so they would share a run directory; "
                         "give rates that differ within their first 3 digits.")
@@ -172,6 +175,12 @@ def beyond_edges(cfg, comp, runs):
         if chosen[v]['edge'] == 'high' and sum(r > grid[-1] for r in rates) < MAX_EXTEND:
             out += specs(cfg, comp, [v], [max(rates) * step])
     return [scan(s) for s in out]
+
+
+def verdict_specs(cfg, comp, chosen):
+    """A sweep's verdict: each variant at its chosen rate on fresh seeds, which the choice never saw (the seed luck
+    that made a rate win stays behind with the sweep's runs)."""
+    return [s for v in comp['variants'] for s in specs(cfg, comp, [v], [chosen[v]['best']], comp['fresh_seeds'])]
 
 
 def check_dataset(cfg):
@@ -342,12 +351,17 @@ def train_missing(cfg, comp, runs):
     """Reuse the finished runs and train the others, N at a time; returns every run as it is now. --plan prints the
     commands of the runs to do instead (and returns None); --report refuses to go on without them."""
     todo = to_do(cfg, runs)
-    if cfg['plan']:  # each listed run's settings recorded: one that stops before its first checkpoint is known
-        for run in todo:
+    if cfg['plan']:
+        if not todo:  # nothing to do at this step: the next one may have some
+            return runs
+        for run in todo:  # each listed run's settings recorded: one that stops before its first checkpoint is known
             if run.state != 'mismatch':  # a mismatch's record still says what its directory holds
                 check_writable(run.dir, create=True)
                 write_json(os.path.join(run.dir, RECORD), dict(settings=run.settings, processes=run.processes))
         cluster.print_plan([command_line(r.spec, START[r.state]) for r in todo], len(runs), cfg['threads'])
+        if comp['fresh_seeds'] and comp['fresh_seeds'][0] not in {r.seed for r in runs}:
+            print("compare: the verdict's runs (each variant at its best rate, on the fresh seeds "
+                  f"{','.join(map(str, comp['fresh_seeds']))}) are listed once these are done", file=sys.stderr)
         return None
     gpus, jobs = cluster.resolve_jobs(cfg) if todo else ([], cfg['jobs'])
     check_writable(cfg['out_dir'], create=True)
@@ -374,8 +388,8 @@ def train_missing(cfg, comp, runs):
 
 def run_comparison(cfg, comp, runs):
     """One comparison, as its steps: train the grid's missing runs, extend the sweep where a variant's best rate is at
-    an edge (--lr_extend), report. comp: check_comparison(cfg); runs: grid_runs(cfg, comp). Returns the summary (None
-    after --plan)."""
+    an edge (--lr_extend), train each variant at its best rate on fresh seeds (a sweep's verdict), report.
+    comp: check_comparison(cfg); runs: grid_runs(cfg, comp). Returns the summary (None after --plan)."""
     t0 = time.time()
     check_dataset(cfg)
     if (runs := train_missing(cfg, comp, runs)) is None:
@@ -386,23 +400,28 @@ def run_comparison(cfg, comp, runs):
         if (more := train_missing(cfg, comp, more)) is None:
             return None
         runs += more
-    summary = write_report(cfg, comp, runs)
+    fresh = [scan(s) for s in verdict_specs(cfg, comp, best_rates(runs))] if comp['grid'] else []
+    if fresh and (fresh := train_missing(cfg, comp, fresh)) is None:
+        return None
+    if cfg['plan']:
+        return cluster.print_plan([], len(runs) + len(fresh), cfg['threads'])
+    summary = write_report(cfg, comp, runs, fresh)
     print(f"wrote {cfg['out_dir']}/summary.md, loss.png, acts.png ({time.time() - t0:.0f} s)", file=sys.stderr)
     return summary
 
 
-def write_report(cfg, comp, runs):
+def write_report(cfg, comp, runs, fresh):
     """summary.json, summary.md, loss.png and acts.png into out_dir; the table (the results) on stdout."""
     shown = {k: cfg[k] for k in SHOWN_KEYS}
     chosen = {k: cfg[k] for k in configurator.DEFAULTS if identifies(k) and cfg[k] != configurator.DEFAULTS[k]
               and k not in shown and k not in ('ffn', 'seed')}  # those two are set per run
-    head = dict(baseline=comp['baseline'], seeds=comp['seeds'], variants=comp['variants'], dataset=cfg['dataset'],
-                settings={**shown, **chosen})
+    head = dict(baseline=comp['baseline'], seeds=comp['fresh_seeds'] or comp['seeds'], variants=comp['variants'],
+                dataset=cfg['dataset'], settings={**shown, **chosen})
     models = {v: meta_model(next(r for r in runs if r.variant == v).settings, cfg['data_dir'])
               for v in comp['variants']}
     shapes = {v: {'params': m.param_report(), 'scale': scale_counts(m)} for v, m in models.items()}
     if comp['grid']:
-        summary, by_variant = report.summarize_sweep(head, runs, shapes, best_rates(runs), cfg['learning_rate'])
+        summary, by_variant = report.summarize_sweep(head, runs, fresh, shapes, best_rates(runs), cfg['learning_rate'])
         plots.lr(os.path.join(cfg['out_dir'], 'lr.png'), summary)
     else:
         summary, by_variant = report.summarize(head, runs, shapes)

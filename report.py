@@ -127,18 +127,21 @@ def matched(runs, base_runs, scale, base_scale):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# a learning-rate sweep (compare.py --lrs or --lr_grid): each variant at its own best rate, chosen (by compare.py, on
-# the first half of the validation windows) before this report, which reads only the second half
+# a learning-rate sweep (compare.py --lrs or --lr_grid): each variant's rate is chosen by compare.py on the sweep's
+# seeds and the first half of the validation windows; this report reads only the second half, and measures the
+# verdict at the chosen rates on fresh seeds
 REPORT_HALF = lambda r: r['val_halves'][1]
 
 
-def summarize_sweep(head, runs, shapes, chosen, shared_lr):
-    """The comparison at each variant's own best rate (chosen: per variant, stats.choose_rate's answer) and at the
-    shared rate, both on the report half, and per variant what the sweep found: the report half's loss at every rate,
-    the choice, and how sensitive the loss is to it."""
-    at = lambda rate_of: [r for r in runs if r.lr == rate_of(r.variant)]
-    summary, by_variant = summarize(head, at(lambda v: chosen[v]['best']), shapes, REPORT_HALF)
-    shared, _ = summarize(head, at(lambda v: shared_lr), shapes, REPORT_HALF)
+def summarize_sweep(head, runs, fresh, shapes, chosen, shared_lr):
+    """The comparison at each variant's own best rate (chosen: per variant, stats.choose_rate's answer), measured on
+    the fresh seeds' runs (head['seeds']) alone; at the shared rate on the sweep's runs; and per variant what the sweep
+    found: its report half's loss at every rate, the choice, and how sensitive the loss is to it. All on the report
+    half."""
+    sweep_seeds = sorted({r.seed for r in runs})
+    summary, by_variant = summarize(head, fresh, shapes, REPORT_HALF)
+    shared, _ = summarize({**head, 'seeds': sweep_seeds}, [r for r in runs if r.lr == shared_lr], shapes, REPORT_HALF)
+    summary['sweep_seeds'] = sweep_seeds  # the seeds that chose the rates; summary['seeds'] measured the verdict
     summary['shared'] = {v: {k: s[k] for k in ('final_val_loss', 'diff_to_baseline', 'status')}
                          for v, s in shared['variants'].items()}
     summary['lr'] = {}
@@ -222,8 +225,10 @@ def lr_section(summary):
         rows.append(f"| {v} | {rates} | {best} | {half} | {double} | {at_shared} | {diff} |")
     failed = any(None in x['report'].values() for x in summary['lr'].values())
     return ['## Learning rates', '',
-            "Best: the rate with the lowest mean final loss over seeds on the first half of the validation windows; "
-            "every loss here is on the second half, which the choice never reads. min_lr keeps its ratio to the rate. "
+            f"Best: the rate with the lowest mean final loss over the sweep's seeds "
+            f"({', '.join(map(str, summary['sweep_seeds']))}) on the first half of the validation windows; every loss "
+            "here is on the second half, which the choice never reads, and the table above is measured at the best "
+            "rate on fresh seeds, so the seed luck that made a rate win is not in it. min_lr keeps its ratio to the rate. "
             "Edge: the best is the smallest or largest rate tried (--lr_extend=True tries beyond). ½x, 2x: the loss "
             f"there minus at the best. Shared: all at {summary['shared_lr']:.3g}, as without a sweep."
             + (" †: a seed diverged at that rate, a failure there (no loss)." if failed else ''), '',
@@ -308,7 +313,9 @@ def write_markdown(path, summary):
     lines = [f"# FFN comparison on {summary['dataset']}", '',
              f"{len(summary['variants'])} variants x {len(summary['seeds'])} seed(s) "
              f"({', '.join(map(str, summary['seeds']))}), {tokens:,} training tokens per run."
-             + (" Each variant at its own best learning rate (see Learning rates)." if summary.get('lr') else '')
+             + (f" Each variant at its own best learning rate, chosen on the sweep's seeds "
+                f"({', '.join(map(str, summary['sweep_seeds']))}) and measured on these fresh ones (see Learning "
+                f"rates)." if summary.get('lr') else '')
              + (" Logs: the same batches per seed (batch_hash), the same validation windows (val_hash)." if same else ''),
              '', 'Settings: ' + ', '.join(f'{k}={v}' for k, v in summary['settings'].items()), '', table(summary), '',
              f"Final val loss: the last evaluation's. Δ: the difference to {summary['baseline']}, paired by seed (same "

@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import shutil
 import sys
 
 import pytest
@@ -63,16 +64,18 @@ def train_synthetically(cfg, monkeypatch):
         return [runs_py.scan(r.spec) for r in todo]
     monkeypatch.setattr(compare, 'train_all', train_all)
     monkeypatch.setattr(compare, 'check_dataset', lambda cfg: None)
-    monkeypatch.setattr(compare, 'write_report', lambda cfg, comp, runs: runs)
+    monkeypatch.setattr(compare, 'write_report', lambda cfg, comp, runs, fresh: runs)
     comp = compare.check_comparison(cfg)
     return compare.run_comparison(cfg, comp, compare.grid_runs(cfg, comp))
 
 
 def sweep_report(cfg, runs):
-    comp = compare.check_comparison(cfg)
+    """The sweep's summary, with the chosen rates' own runs standing in for the fresh seeds' (whose table it is)."""
+    comp, chosen = compare.check_comparison(cfg), compare.best_rates(runs)
     head = dict(baseline='gelu', seeds=comp['seeds'], variants=comp['variants'], dataset=cfg['dataset'], settings={})
     shapes = {v: {'params': {}, 'scale': {'flops_per_token': 1}} for v in comp['variants']}
-    return report.summarize_sweep(head, runs, shapes, compare.best_rates(runs), cfg['learning_rate'])[0]
+    fresh = [r for r in runs if r.lr == chosen[r.variant]['best']]
+    return report.summarize_sweep(head, runs, fresh, shapes, chosen, cfg['learning_rate'])[0]
 
 
 def test_the_chosen_rates_are_the_known_optima_and_an_edge_is_extended_to_the_interior(tmp_path, monkeypatch):
@@ -113,7 +116,7 @@ def test_the_report_half_cannot_influence_the_choice(tmp_path):
         summary = sweep_report(cfg, runs)
         best = summary['lr']['gelu']['best']
         expected = 2.0 + sign * 0.3 * math.log2(best / 1e-3)
-        assert summary['variants']['gelu']['final_val_loss']['mean'] == pytest.approx(expected)
+        assert summary['lr']['gelu']['report'][repr(best)]['mean'] == pytest.approx(expected)
     assert choices[0] == choices[1]
 
 
@@ -153,8 +156,9 @@ def test_a_rate_where_a_seed_diverged_is_a_failure_there(tmp_path):
 
 @pytest.mark.slow
 def test_a_tiny_sweep_end_to_end_reused_and_planned(shakespeare_char_dir, tmp_path, capsys):
-    """2 variants x 2 seeds x 3 rates trained for real; the same command again reuses all 12; --plan lists the rate
-    runs of a fresh directory; summary.md and lr.png are written."""
+    """2 variants x 2 seeds x 3 rates trained for real, then each variant at its best rate on 2 fresh seeds; the
+    same command again reuses all 16; --plan lists the rate runs of a fresh directory, and the fresh seeds' runs once
+    those are done; summary.md and lr.png are written, and summary.json says which seeds chose and which measured."""
     out = tmp_path / 'cmp'
     argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--variants=gelu,swiglu', '--seeds=2',
             '--max_iters=4', '--eval_interval=2', '--jobs=2', '--threads=1', *TINY, '--lrs=1e-3,2e-3,4e-3',
@@ -165,9 +169,22 @@ def test_a_tiny_sweep_end_to_end_reused_and_planned(shakespeare_char_dir, tmp_pa
     assert set(summary['lr']) == {'gelu', 'swiglu'} and summary['shared_lr'] == 2e-3
     assert all(len(x['rates']) == 3 for x in summary['lr'].values())
     assert '## Learning rates' in (out / 'summary.md').read_text() and (out / 'lr.png').stat().st_size > 10_000
+    assert summary['sweep_seeds'] == [1337, 1338] and summary['seeds'] == [1339, 1340]
+    for v, x in summary['lr'].items():  # the verdict's runs: fresh seeds, at the best rate only
+        assert [r['seed'] for r in summary['variants'][v]['runs']] == [1339, 1340]
+        assert all(f"lr{x['best']:.3g}" in r['dir'] for r in summary['variants'][v]['runs'])
+        assert sorted(os.listdir(out / v / f"lr{x['best']:.3g}")) == ['seed1337', 'seed1338', 'seed1339', 'seed1340']
     code, err = call(compare.main, argv, capsys)
     assert code == 0 and 'x 3 rates = 12 runs' in err and '(12 to reuse, 0 to train)' in err
+    assert '= 4 runs' in err and '(4 to reuse, 0 to train)' in err
     with contextlib.redirect_stdout(io.StringIO()) as plan:
-        compare.main([a.replace(str(out), str(tmp_path / 'fresh')) for a in argv] + ['--plan=True'])
+        code, err = call(compare.main, [a.replace(str(out), str(tmp_path / 'fresh')) for a in argv] + ['--plan'], capsys)
     lines = plan.getvalue().splitlines()
     assert len(lines) == 12 and sum('--learning_rate=0.004 ' in l and '--min_lr=0.0004 ' in l for l in lines) == 4
+    assert 'fresh seeds 1339,1340) are listed once these are done' in err
+    best = f"lr{summary['lr']['gelu']['best']:.3g}"
+    shutil.rmtree(out / 'gelu' / best / 'seed1340')  # the sweep done: a verdict's run is what is left to plan
+    with contextlib.redirect_stdout(io.StringIO()) as plan:
+        compare.main(argv + ['--plan'])
+    (line,) = plan.getvalue().splitlines()
+    assert '--seed=1340 ' in line and f"--out_dir={out / 'gelu' / best / 'seed1340'} " in line
