@@ -26,7 +26,7 @@ import plots
 import report
 import stats
 from cli import RunStopped, UserError, parse_args, run_cli, split_list
-from configurator import TYPES, check, check_variants, meta_model, scale_counts
+from configurator import TYPES, check, check_variants, meta_model, scale_counts, variant_settings
 from device import compile_cache_dir, resolve_device, resolve_dtype
 from progress import progress_bar
 from rundir import (HELD, LOCK, LOCK_FD_ENV, LOG, RECORD, STOPPED, TRAIN_OUT, check_writable, parse_record,
@@ -102,7 +102,7 @@ def check_comparison(cfg):
     seeds = [cfg['seed'] + i for i in range(cfg['seeds'])]
     fresh = [seeds[-1] + 1 + i for i in range(cfg['seeds'])] if grid else []  # a sweep's verdict: the seeds after
     for v in variants:
-        check({**cfg, 'ffn': v, 'seed': (fresh or seeds)[-1]})  # the mistakes train.py would report, before any run
+        check({**cfg, **variant_settings(v), 'seed': (fresh or seeds)[-1]})  # what train.py would refuse, said now
     return dict(variants=variants, seeds=seeds, fresh_seeds=fresh, baseline=baseline, grid=grid)
 
 

@@ -10,7 +10,7 @@ import os
 import torch
 
 from activations import VARIANTS, check_variant, make_activations
-from cli import UserError, split_list
+from cli import UserError, parse_args, split_list
 from model import GPT, GPTConfig
 from rundir import read_json
 
@@ -64,18 +64,33 @@ MAX_SEED = 2**31 - 1  # numpy seeds take 32 bits; DDP ranks add their rank to th
 
 
 def check_variants(text):
-    """The FFN variants named in a comma-separated setting (e.g. --variants), each checked by check_variant."""
-    names = split_list(text)
-    if not names:
+    """The FFN variants named in a comma-separated setting (e.g. --variants), each checked by variant_settings."""
+    labels = split_list(text)
+    if not labels:
         raise UserError(f"no variant named; give comma-separated names of: {', '.join(VARIANTS)}.")
-    for name in names:
-        try:
-            check_variant(name)
-        except ValueError as e:
-            raise UserError(f"{e}.") from None
-    if len(set(names)) < len(names):
+    for label in labels:
+        variant_settings(label)
+    if len(set(labels)) < len(labels):
         raise UserError(f"'{text}' names a variant twice; list each once.")
-    return names
+    return labels
+
+
+def variant_settings(label):
+    """The settings a variant of a comparison stands for: a name of activations.VARIANTS, optionally carrying model
+    settings of its own, so that one comparison can vary them: 'polyrelu:poly_order=2' -> {'ffn': 'polyrelu',
+    'poly_order': 2}."""
+    name, *own = label.split(':')
+    try:
+        check_variant(name)
+    except ValueError as e:
+        raise UserError(f"{e}.") from None
+    keys = {k: DEFAULTS[k] for k in MODEL_KEYS if k != 'ffn'}
+    try:
+        cfg, given = parse_args(keys, [f'--{item}' for item in own], prog='compare.py')
+    except UserError as e:
+        raise UserError(f"variant '{label}': {str(e).rstrip('.')} (a variant carries model settings as "
+                        f"name:key=value, e.g. polyrelu:poly_order=2).") from None
+    return {'ffn': name, **{k: cfg[k] for k in given}}
 
 
 def model_config(settings):

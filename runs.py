@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from cli import split_list, to_argv
-from configurator import DEFAULTS
+from configurator import DEFAULTS, variant_settings
 from rundir import CKPT, LOG, RECORD, STOPPED, read_json, read_log_lines
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
@@ -34,12 +34,13 @@ def identity(settings, processes):
 
 
 def make_run(cfg, variant, seed, lr=None):
-    """The spec of one run of a comparison: cfg's settings with this variant, seed and (in a sweep) rate; min_lr keeps
-    its ratio to the rate. With --wandb_log, the comparison's runs share a group and are named and tagged by variant
+    """The spec of one run of a comparison: cfg's settings with this variant (and the settings it carries), seed and
+    (in a sweep) rate; min_lr keeps its ratio to the rate. With --wandb_log, the comparison's runs share a group and are named and tagged by variant
     and seed."""
     rate = [f'lr{lr:.3g}'] if lr is not None else []
     settings = {k: cfg[k] for k in DEFAULTS}
-    settings.update(ffn=variant, seed=seed, out_dir=os.path.join(cfg['out_dir'], variant, *rate, f'seed{seed}'))
+    settings.update(**variant_settings(variant), seed=seed,
+                    out_dir=os.path.join(cfg['out_dir'], variant, *rate, f'seed{seed}'))
     if lr is not None:
         settings.update(learning_rate=lr, min_lr=cfg['min_lr'] * lr / cfg['learning_rate'])
     if cfg['wandb_log']:

@@ -23,7 +23,7 @@ import compare
 import report
 import rundir
 import runs
-from cli import RunStopped, run_cli
+from cli import RunStopped, UserError, run_cli
 from model import GPTConfig
 from model import GPT
 
@@ -408,3 +408,21 @@ def test_help_shows_the_values_a_bare_run_uses(capsys):
     cfg = compare.settings([])
     for key in ('n_embd', 'seeds', 'variants', 'max_iters', 'learning_rate'):
         assert re.search(rf'--{key}\s+{re.escape(repr(cfg[key]))}$', out, flags=re.M), key
+
+
+def test_a_variant_carries_model_settings_of_its_own(tmp_path):
+    """polyrelu:poly_order=2 is polyrelu at order 2, a variant of its own: its runs' settings, directory and
+    parameter count say so, and one comparison holds it beside polyrelu at the default order."""
+    cfg = compare.settings([f'--out_dir={tmp_path}', '--variants=polyrelu,polyrelu:poly_order=2', '--lrs=', *TINY])
+    default, order2 = grid_specs(cfg)
+    assert (default['settings']['poly_order'], order2['settings']['poly_order']) == (3, 2)
+    assert order2['settings']['ffn'] == 'polyrelu' and order2['dir'] == os.path.join(str(tmp_path), 'polyrelu:poly_order=2',
+                                                                                     'seed1337')
+    assert runs.identity(order2['settings'], 1) != runs.identity(default['settings'], 1)
+    extras = [configurator.meta_model({**s['settings'], 'vocab_size': 65}, '').param_report()['extras']
+              for s in (default, order2)]
+    assert extras[0] - extras[1] == cfg['n_layer']  # one coefficient fewer per layer
+    for bad, words in [('polyrelu:order=2', "unknown config key 'order'"), ('polyrelu:poly_order=x', 'expects an int'),
+                       ('gelu:ffn=relu', "unknown config key 'ffn'"), ('polyrelu:poly_order=9', 'poly_order')]:
+        with pytest.raises(UserError, match=words):
+            compare.check_comparison(compare.settings([f'--out_dir={tmp_path}', f'--variants=gelu,{bad}', *TINY]))
