@@ -291,7 +291,6 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith(("c_proj.weight", "w_down.weight", "w_down")):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-        self.loss_parts = {}
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear) and not getattr(module, "zero_init", False):  # MoA's gates stay at zero
@@ -306,6 +305,9 @@ class GPT(nn.Module):
                     torch.nn.init.normal_(w, mean=0.0, std=0.02)
 
     def forward(self, idx, targets=None):
+        """(logits, loss, parts): parts are the loss's detached pieces that the log shows, {'ce', 'aux', 'z'}: the
+        cross-entropy and the MoE's load-balance and z-losses (0 in a dense GPT). Without targets: the last position's
+        logits, None, None."""
         B, T = idx.shape
         assert T <= self.config.block_size, f"sequence of length {T} > block_size {self.config.block_size}"
         x = self.transformer.wte(idx)
@@ -318,13 +320,12 @@ class GPT(nn.Module):
             aux = aux + block_aux
         x = self.transformer.ln_f(x)
         if targets is None:  # inference: only the last position, and never a padded id
-            return self.lm_head(x[:, [-1], :])[..., : self.config.vocab_size], None
+            return self.lm_head(x[:, [-1], :])[..., : self.config.vocab_size], None, None
         logits = self.lm_head(x)[..., : self.config.vocab_size]
         ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
-        self.loss_parts = {"ce": ce.detach(), "aux": aux[0].detach(), "z": aux[1].detach()}
         # training optimises cross-entropy plus the MoE losses; evaluation reports plain cross-entropy
         loss = ce + aux.sum() if self.training else ce
-        return logits, loss
+        return logits, loss, {"ce": ce.detach(), "aux": aux[0].detach(), "z": aux[1].detach()}
 
     # ------------------------------------------------------------------------------------------------------------------
     # reports
@@ -408,7 +409,7 @@ class GPT(nn.Module):
         returns logits of the real vocabulary only). temperature 0 is greedy."""
         for _ in range(max_new_tokens):
             idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size :]
-            logits, _ = self(idx_cond)
+            logits, _, _ = self(idx_cond)
             logits = logits[:, -1, :].float()
             if temperature == 0:
                 idx_next = logits.argmax(-1, keepdim=True)

@@ -171,7 +171,7 @@ class Trainer:
 
     def setup_model(self, checkpoint):
         """The GPT (with the checkpoint's weights when resuming), its optimizer and loss scaler, compiled and wrapped in
-        DDP as asked. self.raw_model is the plain module (checkpoints, reports, loss_parts, MFU)."""
+        DDP as asked. self.raw_model is the plain module (checkpoints, reports, MFU)."""
         cfg = self.cfg
         self.model_args = dict(checkpoint['model_args']) if checkpoint else {k: cfg[k] for k in MODEL_KEYS}
         if checkpoint is None and cfg['vocab_size'] == 0:
@@ -264,7 +264,7 @@ class Trainer:
         for i in range(self.rank, n, self.world_size):
             X, Y = self.val_batches[i]
             with self.autocast:
-                _, loss = self.eval_model(X.to(self.device), Y.to(self.device))
+                _, loss, _ = self.eval_model(X.to(self.device), Y.to(self.device))
             half = 2 * int(i >= n // 2)
             total[half:half + 2] += torch.stack([loss.double(), torch.ones_like(loss, dtype=torch.float64)])
         if self.ddp:
@@ -338,11 +338,10 @@ class Trainer:
             if self.ddp:  # sync gradients across processes on the last micro-step only (nanoGPT's no_sync)
                 self.model.require_backward_grad_sync = micro_step == self.gas - 1
             with self.autocast:
-                _, loss = self.model(X, Y)
+                _, loss, pieces = self.model(X, Y)
             if self.iter_num + 1 == nan_at:  # this step completes iteration iter_num + 1
                 loss = loss * float('nan')
-            lp = self.raw_model.loss_parts  # ce, aux, z: detached scalars of this forward
-            parts += torch.stack([loss.detach().float(), lp['ce'], lp['aux'], lp['z']]) / self.gas
+            parts += torch.stack([loss.detach().float(), pieces['ce'], pieces['aux'], pieces['z']]) / self.gas
             self.scaler.scale(loss / self.gas).backward()
         grad_norm = None
         if self.cfg['grad_clip'] > 0:

@@ -61,7 +61,7 @@ def batch(B=8, T=64):
 
 
 def loss_logits_grads(fn, gpt, x, y):
-    logits, loss = fn(x, y)
+    logits, loss, _ = fn(x, y)
     grads = torch.autograd.grad(loss, list(gpt.parameters()))
     return loss, logits, torch.cat([g.float().flatten() for g in grads])
 

@@ -41,7 +41,7 @@ def test_every_variant_is_finite_and_starts_at_log_vocab(ffn):
     for autocast in (False, True):
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            logits, loss = model(x, y)
+            logits, loss, _ = model(x, y)
         loss.backward()
         assert torch.isfinite(logits).all() and torch.isfinite(loss)
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
@@ -87,7 +87,7 @@ def test_moa_is_token_adaptive_and_la_is_not():
         model = tiny(ffn, vocab_size=vocab)
         opt = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95), "cpu")
         for _ in range(5):
-            _, loss = model(x, y)
+            _, loss, _ = model(x, y)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -133,7 +133,7 @@ def test_tiny_gpt_overfits_one_batch(ffn):
     opt = model.configure_optimizers(0.0, 3e-3, (0.9, 0.95), "cpu")
     initial = None
     for step in range(300):
-        _, loss = model(x, y)
+        _, loss, _ = model(x, y)
         initial = initial or loss.item()
         if loss.item() < 0.2 * initial:
             break

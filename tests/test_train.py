@@ -173,6 +173,23 @@ def test_checkpoint_contents(tiny_run):
     assert sum(records[2]['val_halves']) / 2 == pytest.approx(records[2]['val_loss'], rel=1e-6)
 
 
+def test_the_log_shows_the_loss_parts_forward_returns(shakespeare_char_dir, tmp_path, monkeypatch):
+    """An MoE run's line holds the mean over its micro-steps of the parts GPT.forward returned: loss (the
+    cross-entropy), aux and z, and loss_total their sum."""
+    from model import GPT
+    returned, forward = [], GPT.forward
+    monkeypatch.setattr(GPT, 'forward', lambda self, *a: returned.append(out := forward(self, *a)) or out)
+    out = str(tmp_path / 'run')
+    train_here(shakespeare_char_dir, out, '--n_expert=4', '--max_iters=2', '--eval_interval=2',
+               '--gradient_accumulation_steps=2')
+    steps = [parts for _, loss, parts in returned if loss is not None and loss.requires_grad]
+    assert len(steps) == 4
+    for r, micro in zip(log(out)[1:], (steps[:2], steps[2:])):
+        mean = {k: sum(p[k] / 2 for p in micro).item() for k in ('ce', 'aux', 'z')}
+        assert (r['loss'], r['aux'], r['z']) == (mean['ce'], mean['aux'], mean['z']) and mean['aux'] > 0
+        assert r['loss_total'] == pytest.approx(mean['ce'] + mean['aux'] + mean['z'], rel=1e-6)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # check 2: DDP (torchrun, gloo on CPU) == gradient accumulation in one process
 
