@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from activations import VARIANTS, check_variant, glu, make_activations
+from activations import VARIANTS, Activation, check_variant, glu, make_activations
 from expert_mm import expert_matmul
 
 
@@ -330,18 +330,24 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------------------------------------------------------
     # reports
 
+    def activation_parameters(self):
+        """Names of the parameters of every Activation module (coefficients, MoA's gates): param_report's extras, and
+        the parameters configure_optimizers never decays."""
+        return {f"{prefix}.{name}" for prefix, module in self.named_modules() if isinstance(module, Activation)
+                for name, _ in module.named_parameters()}
+
     def param_report(self):
         """Parameter counts: embedding, attention, ffn (W_up/W_gate/W_down, experts), extras (activation coefficients
         and MoA gates), router, norm, total; `active` counts only top_k of n_expert expert weights (per token)."""
         r = dict(embedding=0, attention=0, ffn=0, extras=0, router=0, norm=0)
-        inactive = 0
+        inactive, extras = 0, self.activation_parameters()
         for name, p in self.named_parameters():  # tied lm_head/wte appears once
             n = p.numel()
             if name.startswith(("transformer.wte", "transformer.wpe")):
                 r["embedding"] += n
             elif ".attn." in name:
                 r["attention"] += n
-            elif ".ffn.act" in name:
+            elif name in extras:
                 r["extras"] += n
             elif ".ffn.router" in name:
                 r["router"] += n
@@ -396,10 +402,10 @@ class GPT(nn.Module):
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW. Weight decay on matrices (≥2-D) only, and never on activation coefficients or MoA gates: decaying
         α towards 0 would switch the activation off rather than regularise it."""
-        decay, no_decay = [], []
+        decay, no_decay, extras = [], [], self.activation_parameters()
         for name, p in self.named_parameters():
             if p.requires_grad:
-                (decay if p.dim() >= 2 and ".ffn.act" not in name else no_decay).append(p)
+                (decay if p.dim() >= 2 and name not in extras else no_decay).append(p)
         groups = [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
