@@ -130,22 +130,12 @@ class Trainer:
     # ---- setup ---------------------------------------------------------------------------------------------------
 
     def setup_system(self):
-        """Device, processes (DDP under torchrun), precision, seeds."""
+        """Device, processes (DDP under torchrun), precision (device.setup), seeds."""
         cfg = self.cfg
-        name = device.resolve_device(cfg['device'])
-        self.ddp = int(os.environ.get('RANK', -1)) != -1  # launched by torchrun?
-        self.rank, self.local_rank, self.world_size = 0, 0, 1
-        if self.ddp:
-            self.rank, self.local_rank = int(os.environ['RANK']), int(os.environ['LOCAL_RANK'])
-            self.world_size = int(os.environ['WORLD_SIZE'])
-            name = f'cuda:{self.local_rank}' if name.startswith('cuda') else name
-            dist.init_process_group(backend='nccl' if name.startswith('cuda') else 'gloo')
-        if name.startswith('cuda'):  # so RNG state, bf16 support and the peak-FLOPs lookup refer to this GPU
-            torch.cuda.set_device(name)
-            torch.set_float32_matmul_precision('high')  # tf32 matmuls for float32 work
-        self.device, self.device_type = name, name.split(':')[0]
+        hw = device.setup(cfg['device'], cfg['dtype'])
+        self.device, self.device_type, self.dtype = hw.device, hw.device_type, hw.dtype
+        self.ddp, self.rank, self.local_rank, self.world_size = hw.ddp, hw.rank, hw.local_rank, hw.world_size
         self.master = self.rank == 0  # only the master process logs and writes checkpoints
-        self.dtype = device.resolve_dtype(cfg['dtype'], self.device_type)
         self.autocast = device.autocast(self.device_type, self.dtype)
         if cfg['init_from'] == 'scratch' and os.path.exists(self.ckpt_path) and not cfg['overwrite']:
             raise UserError(f"{self.ckpt_path} already exists; resume it with --init_from=resume, choose another "

@@ -330,6 +330,40 @@ def test_device_names_are_checked(monkeypatch):
         resolve_device('cuda:2')
 
 
+def test_train_and_bench_set_up_the_hardware_only_through_device_setup(shakespeare_char_dir, tmp_path, monkeypatch):
+    """device.setup is the one hardware set-up: train.py calls it, and neither train.py nor bench.py (whose call
+    tests/test_bench.py checks) resolves a device or dtype, joins a process group or sets TF32 itself."""
+    import device
+    calls, setup = [], device.setup
+    monkeypatch.setattr(device, 'setup', lambda *a: calls.append(a) or setup(*a))
+    train_here(shakespeare_char_dir, str(tmp_path / 'run'), '--max_iters=0')
+    assert calls == [('cpu', 'float32')]
+    for script in ('train.py', 'bench.py'):
+        source = open(os.path.join(ROOT, script)).read()
+        for own in ('resolve_device', 'resolve_dtype', 'init_process_group', 'set_float32_matmul', 'set_device'):
+            assert own not in source, (script, own)
+
+
+def test_device_setup_joins_torchrun_s_process_group(monkeypatch):
+    """Alone, a process computes on its device; under torchrun (RANK, LOCAL_RANK, WORLD_SIZE set) device.setup also
+    joins the process group, gloo on a CPU."""
+    import socket
+    import torch.distributed as dist
+    from device import Compute, setup
+    assert setup('cpu', 'auto') == Compute('cpu', 'float32', ddp=False, rank=0, local_rank=0, world_size=1)
+    with socket.socket() as s:  # a free port for the group's rendezvous
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    for key, value in dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, MASTER_ADDR='127.0.0.1', MASTER_PORT=port).items():
+        monkeypatch.setenv(key, str(value))
+    try:
+        assert setup('cpu', 'float32') == Compute('cpu', 'float32', ddp=True, rank=0, local_rank=0, world_size=1)
+        assert dist.get_backend() == 'gloo' and dist.get_world_size() == 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def test_the_compile_cache_is_the_documented_one_after_inductor_has_loaded(tmp_path):
     """Building AdamW loads Inductor, which writes its own default (/tmp/torchinductor_USER) into
     TORCHINDUCTOR_CACHE_DIR: the cache train.py uses stays ~/.cache/nanoffn/torchinductor unless the user set one."""
