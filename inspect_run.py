@@ -248,7 +248,7 @@ def write(out_dir, report):
     save_figure(fig, os.path.join(out_dir, 'acts.png'))
 
 
-def compare(out_dir, run_dirs, data_dir=''):
+def compare_acts(out_dir, run_dirs, data_dir=''):
     """For compare.py: inspect and write each variant's run (run_dirs: {variant: its first seed's directory}) and draw
     out_dir/acts.png. Returns the moved-from-init numbers per variant, layer and branch (None: no checkpoint)."""
     reports = {}
