@@ -81,7 +81,7 @@ def setup(cfg):
     modes = {"true": [True], "false": [False], "both": [False, True]}.get(str(cfg["compile"]).lower())
     if modes is None:
         raise UserError(f"--compile expects True, False or both, got '{cfg['compile']}'.")
-    # bench measures CPUs and CUDA GPUs, not Apple's MPS (its auto never picks it)
+    # bench measures CPUs and CUDA GPUs, not Apple's MPS
     if cfg["device"] == "mps":
         raise UserError("--device expects auto, cpu, cuda or cuda:N (bench.py does not measure MPS), got 'mps'.")
     if cfg["dtype"] == "float16":  # would need a GradScaler: not worth it for a benchmark
@@ -98,7 +98,7 @@ def setup(cfg):
         check({**shared, "ffn": v})
     if cfg["threads"] > 0:  # before compiling: Inductor's C++ kernels take their OpenMP thread count then
         torch.set_num_threads(cfg["threads"])
-    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    auto = "cuda" if torch.cuda.is_available() else "cpu"  # never MPS, unlike train.py's auto
     compute = hw.setup(auto if cfg["device"] == "auto" else cfg["device"], cfg["dtype"])  # train.py's set-up
     # every variant recompiles the same GPT.forward frame: past Dynamo's limit (8) it would silently run eager
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # torch < 2.7

@@ -57,11 +57,11 @@ def branch_rows(ffn, x):
 
 
 def phi_curves(act, grid, h, x):
-    """φ on the grid as each token sees it (Activation.curves), once its curve for the first token, at that token's
-    own first pre-activations, is what the FFN computes there: else φ depends on the token in a way curves does not
-    draw, and a picture of it would be wrong."""
-    k = max(1, h.shape[-1] // 4)  # part of a row: a φ that normalises over the row gives other values there
-    computed = act(h, act.token_coefs(x))[:1, :k]
+    """φ on the grid as each token sees it (Activation.curves). Checked first: the first token's curve at a part of its
+    own pre-activations is what the FFN computes there, or φ depends on the token in a way curves does not draw and
+    its picture would be wrong."""
+    k = max(1, h.shape[-1] // 4)  # a part of the row: a φ that normalises over the row gives other values there
+    computed = act(h, act.token_coefs(x))[:1, :k]  # over every row, as the FFN computes it
     if not torch.allclose(act.curves(h[0, :k], h[:1], x[:1]), computed, rtol=1e-4, atol=1e-5):
         raise UserError(f"cannot draw {type(act).__name__}: its φ at a point depends on more of the token than "
                         f"token_coefs(x) gives it; override Activation.curves(grid, h, x) to draw it per token, as "
