@@ -67,6 +67,7 @@ class Activation(nn.Module):
         act.learned(x)               what it learned: {quantity: number or {name: number}}, e.g. {"alpha": {"gelu":
                                      0.93, ...}}; logged at every evaluation, averaged in summaries and drawn over
                                      training under its own names, so a new activation needs nothing else to show up
+        act.curves(grid, h, x)       φ on a grid of points as each token sees it, for the pictures (inspect_run.py)
     The split lets a Mixture-of-Experts layer compute MoA's gates once per token and hand the same rows to every expert
     the token visits."""
 
@@ -75,6 +76,14 @@ class Activation(nn.Module):
 
     def learned(self, x):
         return {}
+
+    def curves(self, grid, h, x):
+        """φ at the points of grid (G,) for the tokens whose pre-activations h (N, m) and FFN inputs x (N, d) are given:
+        one row per token where φ depends on it, else one row. Here φ acts on each point alone, with the token's own
+        coefficients c(x_t) where token_coefs gives some: φ_t(v) = forward(v, c(x_t)). An activation whose value at a
+        point depends on the token's other channels overrides this (PolyNorm)."""
+        coefs = self.token_coefs(x)
+        return self(grid[None], None) if coefs is None else self(grid.expand(len(coefs), -1), coefs)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -143,6 +152,18 @@ class Poly(Activation):
 
     def learned(self, x):
         return {"coeffs": {f"a{i}": a for i, a in enumerate(self.coeffs.tolist())}}
+
+    def curves(self, grid, h, x):
+        """N normalises each power over the token's own h, so one row per token:
+        φ_t(v) = a_0 + Σ_i a_i b(v)^i / sqrt(mean_j b(h_tj)^(2i) + ε), b = identity, or relu for polyrelunorm."""
+        if not self.use_norm:
+            return super().curves(grid, h, x)
+        base = torch.relu if self.use_relu else (lambda v: v)
+        b, a = base(h), self.coeffs
+        y = a[0].expand(len(h), len(grid))
+        for i in range(1, len(a)):
+            y = y + a[i] * base(grid) ** i * torch.rsqrt(b.pow(2 * i).mean(-1, keepdim=True) + self.eps)
+        return y
 
     def extra_repr(self):
         return f"{self.kind}, order={self.coeffs.numel() - 1}"

@@ -81,13 +81,10 @@ def setup(cfg):
     modes = {"true": [True], "false": [False], "both": [False, True]}.get(str(cfg["compile"]).lower())
     if modes is None:
         raise UserError(f"--compile expects True, False or both, got '{cfg['compile']}'.")
-    # bench measures CPUs and CUDA GPUs, not Apple's MPS: here auto means cuda if available, else cpu
-    auto = "cuda" if torch.cuda.is_available() else "cpu"
-    device = hw.resolve_device(auto if cfg["device"] == "auto" else cfg["device"])
-    if device == "mps":
+    # bench measures CPUs and CUDA GPUs, not Apple's MPS
+    if cfg["device"] == "mps":
         raise UserError("--device expects auto, cpu, cuda or cuda:N (bench.py does not measure MPS), got 'mps'.")
-    dtype = hw.resolve_dtype(cfg["dtype"], device.split(":")[0])
-    if dtype == "float16":  # would need a GradScaler: not worth it for a benchmark
+    if cfg["dtype"] == "float16":  # would need a GradScaler: not worth it for a benchmark
         raise UserError("--dtype expects auto, float32 or bfloat16 (float16 is not benchmarked), got 'float16'.")
     # warmup: the first step compiles and allocates, never timed; vocab_size: bench has no dataset to take one from
     for key in ("repeats", "profile_steps", "warmup", "vocab_size"):
@@ -101,12 +98,12 @@ def setup(cfg):
         check({**shared, "ffn": v})
     if cfg["threads"] > 0:  # before compiling: Inductor's C++ kernels take their OpenMP thread count then
         torch.set_num_threads(cfg["threads"])
-    if device.startswith("cuda"):
-        torch.set_float32_matmul_precision("high")  # tf32 matmuls for float32 work, as train.py
+    auto = "cuda" if torch.cuda.is_available() else "cpu"  # never MPS, unlike train.py's auto
+    compute = hw.setup(auto if cfg["device"] == "auto" else cfg["device"], cfg["dtype"])  # train.py's set-up
     # every variant recompiles the same GPT.forward frame: past Dynamo's limit (8) it would silently run eager
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # torch < 2.7
     setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 4 * len(variants)))
-    return variants, modes, device, dtype
+    return variants, modes, compute.device, compute.dtype
 
 
 class Bench:

@@ -1,11 +1,13 @@
 """
-The hardware choices of a run, in one place: device, precision, torch.compile (regional, with its on-disk cache),
-and the accelerator's peak FLOP/s for MFU.
+The hardware choices of a run, in one place: its set-up (device, precision, DDP under torchrun, TF32), torch.compile
+(regional, with its on-disk cache), and the accelerator's peak FLOP/s for MFU.
 """
 import os
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from cli import UserError
 
@@ -41,6 +43,38 @@ def resolve_dtype(name, device_type):
     if name == 'bfloat16' and device_type == 'cuda' and not torch.cuda.is_bf16_supported():
         raise UserError("this GPU does not support bfloat16; use --dtype=float16 (with loss scaling) or float32.")
     return name
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Where a process computes: its device (cpu, cuda:N, mps), its dtype's name, and its place among torchrun's
+    processes (ddp: launched by torchrun; rank 0 is the one that logs)."""
+    device: str
+    dtype: str
+    ddp: bool = False
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def device_type(self):
+        return self.device.split(':')[0]
+
+
+def setup(device, dtype):
+    """The process's one hardware set-up (as nanochat's compute_init): the device, under torchrun (RANK set) the
+    process group (nccl on GPUs, gloo otherwise) and this rank's GPU, TF32 matmuls for float32 work on CUDA, the
+    dtype. Returns its Compute."""
+    name, ddp = resolve_device(device), int(os.environ.get('RANK', -1)) != -1  # launched by torchrun?
+    rank, local_rank, world_size = 0, 0, 1
+    if ddp:
+        rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
+        name = f'cuda:{local_rank}' if name.startswith('cuda') else name
+        dist.init_process_group(backend='nccl' if name.startswith('cuda') else 'gloo')
+    if name.startswith('cuda'):  # so RNG state, bf16 support and the peak-FLOPs lookup refer to this GPU
+        torch.cuda.set_device(name)
+        torch.set_float32_matmul_precision('high')  # TF32 matmuls for float32 work
+    return Compute(name, resolve_dtype(dtype, name.split(':')[0]), ddp, rank, local_rank, world_size)
 
 
 def autocast(device_type, dtype):

@@ -22,7 +22,7 @@ import textwrap
 import numpy as np
 import torch
 
-from activations import MoA, Poly, make_activations
+from activations import make_activations
 from cli import UserError, parse_args, run_cli
 from configurator import load_checkpoint, model_config
 from device import resolve_device
@@ -57,19 +57,16 @@ def branch_rows(ffn, x):
 
 
 def phi_curves(act, grid, h, x):
-    """φ on the grid: one row per row of h where φ depends on the token, else one row. PolyNorm normalises each power
-    over the token's own h: φ_t(grid) = a_0 + Σ_i a_i b(grid)^i / sqrt(mean_j b(h_tj)^{2i} + ε), b = identity (relu
-    for PolyReLUNorm); MoA: the module's forward with token t's coefficients c(x_t)."""
-    if isinstance(act, Poly) and act.use_norm:
-        base = torch.relu if act.use_relu else (lambda v: v)
-        b, a = base(h), act.coeffs
-        y = a[0].expand(len(h), len(grid))
-        for i in range(1, len(a)):
-            s = torch.rsqrt(b.pow(2 * i).mean(-1, keepdim=True) + act.eps)
-            y = y + a[i] * base(grid) ** i * s
-        return y
-    coefs = act.token_coefs(x)
-    return act(grid[None], None) if coefs is None else act(grid.expand(len(coefs), -1), coefs)
+    """φ on the grid as each token sees it (Activation.curves). Checked first: the first token's curve at a part of its
+    own pre-activations is what the FFN computes there, or φ depends on the token in a way curves does not draw and
+    its picture would be wrong."""
+    k = max(1, h.shape[-1] // 4)  # a part of the row: a φ that normalises over the row gives other values there
+    computed = act(h, act.token_coefs(x))[:1, :k]  # over every row, as the FFN computes it
+    if not torch.allclose(act.curves(h[0, :k], h[:1], x[:1]), computed, rtol=1e-4, atol=1e-5):
+        raise UserError(f"cannot draw {type(act).__name__}: its φ at a point depends on more of the token than "
+                        f"token_coefs(x) gives it; override Activation.curves(grid, h, x) to draw it per token, as "
+                        f"Poly does for PolyNorm's norm.")
+    return act.curves(grid, h, x)
 
 
 def branch_report(act, init_act, h, x, bins):
@@ -92,15 +89,16 @@ def branch_report(act, init_act, h, x, bins):
             'init_rms': math.sqrt(float((w * init_median ** 2).sum()))}
 
 
-def gate_report(act, x):
-    """MoA: each c_k(x) over tokens; entropy (nats, ≤ log K) of |c|/Σ|c| per token and of the mean |c| (a shared α)."""
-    c = act.token_coefs(x).double()
+def gate_report(c, names):
+    """Per-token coefficients c (N, K), MoA's c_k(x): each over tokens; entropy (nats, ≤ log K) of |c|/Σ|c| per token
+    and of the mean |c| (a shared α)."""
+    c = c.double()
     p = c.abs() / c.abs().sum(-1, keepdim=True).clamp_min(1e-12)
     entropy = -(p * p.clamp_min(1e-12).log()).sum(-1).cpu().numpy()
     pm = c.abs().mean(0) / c.abs().mean(0).sum().clamp_min(1e-12)
     quantiles = np.percentile(c.cpu().numpy(), [5, 25, 50, 75, 95], axis=0)
-    edges = np.linspace(0.0, math.log(len(act.names)), 31)
-    return {'names': list(act.names), 'quantiles': quantiles.T.tolist(), 'mean': c.mean(0).tolist(),
+    edges = np.linspace(0.0, math.log(c.shape[-1]), 31)
+    return {'names': [str(n) for n in names], 'quantiles': quantiles.T.tolist(), 'mean': c.mean(0).tolist(),
             'std': c.std(0).tolist(), 'entropy_mean': float(entropy.mean()), 'entropy_std': float(entropy.std()),
             'entropy_edges': edges.tolist(), 'entropy_counts': np.histogram(entropy, edges)[0].tolist(),
             'entropy_of_mean': float(-(pm * pm.clamp_min(1e-12).log()).sum())}
@@ -139,7 +137,9 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu'):
         rows, x_rows, usage = branch_rows(block.ffn, x)
         acts = {name: getattr(block.ffn, name) for name in rows}  # act, and act_up for a GLU
         branches = {n: branch_report(acts[n], init, rows[n], x_rows, bins) for n, init in zip(rows, init_acts)}
-        gates = {n: gate_report(a, x_rows) for n, a in acts.items() if isinstance(a, MoA)}
+        # the gate panels: each activation with per-token coefficients, named by its dictionary (MoA) or numbered
+        gates = {n: gate_report(c, getattr(a, 'names', range(c.shape[-1]))) for n, a in acts.items()
+                 if (c := a.token_coefs(x_rows)) is not None}
         layer = {'moe': usage is not None, 'branches': branches, 'gates': gates}
         if usage is not None:
             layer['expert_tokens'] = usage
@@ -248,7 +248,7 @@ def write(out_dir, report):
     save_figure(fig, os.path.join(out_dir, 'acts.png'))
 
 
-def compare(out_dir, run_dirs, data_dir=''):
+def compare_acts(out_dir, run_dirs, data_dir=''):
     """For compare.py: inspect and write each variant's run (run_dirs: {variant: its first seed's directory}) and draw
     out_dir/acts.png. Returns the moved-from-init numbers per variant, layer and branch (None: no checkpoint)."""
     reports = {}

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from activations import VARIANTS, check_variant, glu, make_activations
+from activations import VARIANTS, Activation, check_variant, glu, make_activations
 from expert_mm import expert_matmul
 
 
@@ -291,7 +291,6 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith(("c_proj.weight", "w_down.weight", "w_down")):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-        self.loss_parts = {}
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear) and not getattr(module, "zero_init", False):  # MoA's gates stay at zero
@@ -306,6 +305,9 @@ class GPT(nn.Module):
                     torch.nn.init.normal_(w, mean=0.0, std=0.02)
 
     def forward(self, idx, targets=None):
+        """(logits, loss, parts): parts are the loss's detached pieces that the log shows, {'ce', 'aux', 'z'}: the
+        cross-entropy and the MoE's load-balance and z-losses (0 in a dense GPT). Without targets: the last position's
+        logits, None, None."""
         B, T = idx.shape
         assert T <= self.config.block_size, f"sequence of length {T} > block_size {self.config.block_size}"
         x = self.transformer.wte(idx)
@@ -318,29 +320,34 @@ class GPT(nn.Module):
             aux = aux + block_aux
         x = self.transformer.ln_f(x)
         if targets is None:  # inference: only the last position, and never a padded id
-            return self.lm_head(x[:, [-1], :])[..., : self.config.vocab_size], None
+            return self.lm_head(x[:, [-1], :])[..., : self.config.vocab_size], None, None
         logits = self.lm_head(x)[..., : self.config.vocab_size]
         ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
-        self.loss_parts = {"ce": ce.detach(), "aux": aux[0].detach(), "z": aux[1].detach()}
         # training optimises cross-entropy plus the MoE losses; evaluation reports plain cross-entropy
         loss = ce + aux.sum() if self.training else ce
-        return logits, loss
+        return logits, loss, {"ce": ce.detach(), "aux": aux[0].detach(), "z": aux[1].detach()}
 
     # ------------------------------------------------------------------------------------------------------------------
     # reports
+
+    def activation_parameters(self):
+        """Names of the parameters of every Activation module (coefficients, MoA's gates): param_report's extras, and
+        the parameters configure_optimizers never decays."""
+        return {f"{prefix}.{name}" for prefix, module in self.named_modules() if isinstance(module, Activation)
+                for name, _ in module.named_parameters()}
 
     def param_report(self):
         """Parameter counts: embedding, attention, ffn (W_up/W_gate/W_down, experts), extras (activation coefficients
         and MoA gates), router, norm, total; `active` counts only top_k of n_expert expert weights (per token)."""
         r = dict(embedding=0, attention=0, ffn=0, extras=0, router=0, norm=0)
-        inactive = 0
+        inactive, extras = 0, self.activation_parameters()
         for name, p in self.named_parameters():  # tied lm_head/wte appears once
             n = p.numel()
             if name.startswith(("transformer.wte", "transformer.wpe")):
                 r["embedding"] += n
             elif ".attn." in name:
                 r["attention"] += n
-            elif ".ffn.act" in name:
+            elif name in extras:
                 r["extras"] += n
             elif ".ffn.router" in name:
                 r["router"] += n
@@ -395,10 +402,10 @@ class GPT(nn.Module):
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW. Weight decay on matrices (≥2-D) only, and never on activation coefficients or MoA gates: decaying
         α towards 0 would switch the activation off rather than regularise it."""
-        decay, no_decay = [], []
+        decay, no_decay, extras = [], [], self.activation_parameters()
         for name, p in self.named_parameters():
             if p.requires_grad:
-                (decay if p.dim() >= 2 and ".ffn.act" not in name else no_decay).append(p)
+                (decay if p.dim() >= 2 and name not in extras else no_decay).append(p)
         groups = [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
@@ -408,7 +415,7 @@ class GPT(nn.Module):
         returns logits of the real vocabulary only). temperature 0 is greedy."""
         for _ in range(max_new_tokens):
             idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size :]
-            logits, _ = self(idx_cond)
+            logits, _, _ = self(idx_cond)
             logits = logits[:, -1, :].float()
             if temperature == 0:
                 idx_next = logits.argmax(-1, keepdim=True)

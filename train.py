@@ -130,22 +130,12 @@ class Trainer:
     # ---- setup ---------------------------------------------------------------------------------------------------
 
     def setup_system(self):
-        """Device, processes (DDP under torchrun), precision, seeds."""
+        """Device, processes (DDP under torchrun), precision (device.setup), seeds."""
         cfg = self.cfg
-        name = device.resolve_device(cfg['device'])
-        self.ddp = int(os.environ.get('RANK', -1)) != -1  # launched by torchrun?
-        self.rank, self.local_rank, self.world_size = 0, 0, 1
-        if self.ddp:
-            self.rank, self.local_rank = int(os.environ['RANK']), int(os.environ['LOCAL_RANK'])
-            self.world_size = int(os.environ['WORLD_SIZE'])
-            name = f'cuda:{self.local_rank}' if name.startswith('cuda') else name
-            dist.init_process_group(backend='nccl' if name.startswith('cuda') else 'gloo')
-        if name.startswith('cuda'):  # so RNG state, bf16 support and the peak-FLOPs lookup refer to this GPU
-            torch.cuda.set_device(name)
-            torch.set_float32_matmul_precision('high')  # tf32 matmuls for float32 work
-        self.device, self.device_type = name, name.split(':')[0]
+        hw = device.setup(cfg['device'], cfg['dtype'])
+        self.device, self.device_type, self.dtype = hw.device, hw.device_type, hw.dtype
+        self.ddp, self.rank, self.local_rank, self.world_size = hw.ddp, hw.rank, hw.local_rank, hw.world_size
         self.master = self.rank == 0  # only the master process logs and writes checkpoints
-        self.dtype = device.resolve_dtype(cfg['dtype'], self.device_type)
         self.autocast = device.autocast(self.device_type, self.dtype)
         if cfg['init_from'] == 'scratch' and os.path.exists(self.ckpt_path) and not cfg['overwrite']:
             raise UserError(f"{self.ckpt_path} already exists; resume it with --init_from=resume, choose another "
@@ -171,7 +161,7 @@ class Trainer:
 
     def setup_model(self, checkpoint):
         """The GPT (with the checkpoint's weights when resuming), its optimizer and loss scaler, compiled and wrapped in
-        DDP as asked. self.raw_model is the plain module (checkpoints, reports, loss_parts, MFU)."""
+        DDP as asked. self.raw_model is the plain module (checkpoints, reports, MFU)."""
         cfg = self.cfg
         self.model_args = dict(checkpoint['model_args']) if checkpoint else {k: cfg[k] for k in MODEL_KEYS}
         if checkpoint is None and cfg['vocab_size'] == 0:
@@ -264,7 +254,7 @@ class Trainer:
         for i in range(self.rank, n, self.world_size):
             X, Y = self.val_batches[i]
             with self.autocast:
-                _, loss = self.eval_model(X.to(self.device), Y.to(self.device))
+                _, loss, _ = self.eval_model(X.to(self.device), Y.to(self.device))
             half = 2 * int(i >= n // 2)
             total[half:half + 2] += torch.stack([loss.double(), torch.ones_like(loss, dtype=torch.float64)])
         if self.ddp:
@@ -338,11 +328,10 @@ class Trainer:
             if self.ddp:  # sync gradients across processes on the last micro-step only (nanoGPT's no_sync)
                 self.model.require_backward_grad_sync = micro_step == self.gas - 1
             with self.autocast:
-                _, loss = self.model(X, Y)
+                _, loss, pieces = self.model(X, Y)
             if self.iter_num + 1 == nan_at:  # this step completes iteration iter_num + 1
                 loss = loss * float('nan')
-            lp = self.raw_model.loss_parts  # ce, aux, z: detached scalars of this forward
-            parts += torch.stack([loss.detach().float(), lp['ce'], lp['aux'], lp['z']]) / self.gas
+            parts += torch.stack([loss.detach().float(), pieces['ce'], pieces['aux'], pieces['z']]) / self.gas
             self.scaler.scale(loss / self.gas).backward()
         grad_norm = None
         if self.cfg['grad_clip'] > 0:

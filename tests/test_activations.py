@@ -186,6 +186,43 @@ def test_xielu_computes_in_fp32_under_autocast():
     torch.testing.assert_close(y.float(), act(h), rtol=1e-2, atol=1e-2)
 
 
+# ---- the curves the pictures draw (Activation.curves, inspect_run.py) ----------------------------------------------
+@pytest.mark.parametrize("kind", ["polynorm", "polyrelunorm"])
+@pytest.mark.parametrize("order", [2, 3, 4])
+def test_polynorm_curves_are_the_per_token_formula_in_float64(kind, order):
+    """N normalises over the token's own h: φ_t(v) = a_0 + Σ_i a_i b(v)^i / sqrt(mean_j b(h_tj)^(2i) + 1e-6), b = h or
+    relu(h), one curve per token."""
+    act = A.Poly(kind, order).double()
+    with torch.no_grad():
+        act.coeffs.copy_(torch.randn(order + 1, dtype=torch.float64))
+        h, grid = torch.randn(6, 48, dtype=torch.float64), torch.linspace(-3, 3, 25, dtype=torch.float64)
+        b = (lambda v: torch.clamp(v, min=0)) if kind == "polyrelunorm" else (lambda v: v)
+        a = act.coeffs
+        ref = a[0] + sum(a[i] * b(grid)[None] ** i / torch.sqrt((b(h) ** (2 * i)).mean(-1, keepdim=True) + 1e-6)
+                         for i in range(1, order + 1))
+        torch.testing.assert_close(act.curves(grid, h, torch.randn(6, 8)), ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("variant", list(A.VARIANTS))
+def test_every_curve_through_a_tokens_own_inputs_is_what_its_ffn_computes(variant):
+    """For every activation the registry builds, token t's curve at its own pre-activations h_t is φ(h)_t as the FFN
+    computes it: at the first quarter of them, where a curve that normalised over its points instead of the token's
+    row would differ."""
+    torch.manual_seed(0)
+    d, m = 16, 40
+    for act in A.make_activations(GPTConfig(ffn=variant, n_embd=d, n_head=4)):
+        if act is None:
+            continue
+        with torch.no_grad():
+            for p in act.parameters():  # off their init, so that MoA's gates differ between tokens
+                p.add_(0.3 * torch.randn_like(p))
+            h, x = torch.randn(5, m), torch.randn(5, d)
+            computed = act(h, act.token_coefs(x))
+            for t in range(len(h)):
+                curve = act.curves(h[t, : m // 4], h[t : t + 1], x[t : t + 1])
+                torch.testing.assert_close(curve, computed[t : t + 1, : m // 4])
+
+
 # ---- the memory-lean Functions: equal to the plain formulas, and float64 gradcheck ---------------------------------
 def lean_and_formula_pairs():
     """(name, lean call, formula call, float64 inputs that need gradients) for every Function of lean.py."""

@@ -48,8 +48,9 @@ def tiny_gpt(ffn, **kw):
     gpt = GPT(GPTConfig(**{**dict(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=VOCAB, ffn=ffn), **kw}))
     gpt = gpt.cuda()
     with torch.no_grad():
+        acts = gpt.activation_parameters()
         for name, p in gpt.named_parameters():
-            if '.act' in name:
+            if name in acts:
                 p.add_(0.1 * torch.randn_like(p))
     return gpt
 
@@ -61,7 +62,7 @@ def batch(B=8, T=64):
 
 
 def loss_logits_grads(fn, gpt, x, y):
-    logits, loss = fn(x, y)
+    logits, loss, _ = fn(x, y)
     grads = torch.autograd.grad(loss, list(gpt.parameters()))
     return loss, logits, torch.cat([g.float().flatten() for g in grads])
 

@@ -18,6 +18,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+import activations
 import compare
 import inspect_run
 import train
@@ -150,8 +151,9 @@ def test_moved_is_zero_at_init(shakespeare_char_dir, tmp_path, model_args):
         if model_args.get('n_expert'):  # MoE: one row per (token, chosen expert) pair
             assert sum(layer['expert_tokens']) == 4 * 32 * 2
             assert sum(layer['branches']['act']['counts']) <= 4 * 32 * 2 * GPTConfig(**model_args).moe_hidden
-        if 'moa' in model_args['ffn']:  # MoA starts as LA: c_k(x) = α_k for every token
-            assert all(s == 0.0 for g in layer['gates'].values() for s in g['std'])
+        # a gate panel for each activation with per-token coefficients: MoA's, and both branches of moa_glu
+        assert len(layer['gates']) == {'moa': 1, 'moa_glu': 2}.get(model_args['ffn'], 0)
+        assert all(s == 0.0 for g in layer['gates'].values() for s in g['std'])  # MoA starts as LA: c_k(x) = α_k
 
 
 def test_moved_after_training(compared):
@@ -162,6 +164,33 @@ def test_moved_after_training(compared):
         assert all(m > 0 for m in moved)
         assert [layer['act']['moved'] for layer in summary['acts'][v]['layers']] == moved
     assert not any(layer['act']['learnable'] for layer in summary['acts']['gelu']['layers'])
+
+
+class RowSoftmax(activations.Activation):
+    """φ(h)_j = exp(h_j) / Σ_k exp(h_k): its value at a point depends on the token's other channels."""
+
+    def forward(self, h, coefs=None):
+        return torch.softmax(h, -1)
+
+
+class DrawnRowSoftmax(RowSoftmax):
+    def curves(self, grid, h, x):  # φ_t(v) = exp(v) / Σ_k exp(h_tk), one row per token
+        return torch.exp(grid)[None] / torch.exp(h).sum(-1, keepdim=True)
+
+
+def test_an_activation_the_curves_would_draw_wrong_is_refused_in_one_sentence(shakespeare_char_dir, tmp_path,
+                                                                              monkeypatch, capsys):
+    for name, module in (('rowsoftmax', RowSoftmax), ('drawn_rowsoftmax', DrawnRowSoftmax)):
+        monkeypatch.setitem(activations.VARIANTS, name, activations.Variant('mlp', lambda cfg, branch, m=module: m()))
+    run = untrained_run(str(tmp_path / 'run'), shakespeare_char_dir, ffn='rowsoftmax')
+    with pytest.raises(SystemExit) as e:
+        run_cli(inspect_run.main, [f'--out_dir={run}'])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and 'cannot draw RowSoftmax' in err[0] and 'curves(' in err[0]
+    assert not os.path.exists(os.path.join(run, 'acts.json'))
+    # the same function with its per-token curves is drawn, one curve per token
+    drawn = untrained_run(str(tmp_path / 'drawn'), shakespeare_char_dir, ffn='drawn_rowsoftmax')
+    assert all(l['branches']['act']['token_dependent'] for l in inspect_run.inspect(drawn)['layers'])
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ def test_every_variant_is_finite_and_starts_at_log_vocab(ffn):
     for autocast in (False, True):
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            logits, loss = model(x, y)
+            logits, loss, _ = model(x, y)
         loss.backward()
         assert torch.isfinite(logits).all() and torch.isfinite(loss)
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
@@ -87,7 +87,7 @@ def test_moa_is_token_adaptive_and_la_is_not():
         model = tiny(ffn, vocab_size=vocab)
         opt = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95), "cpu")
         for _ in range(5):
-            _, loss = model(x, y)
+            _, loss, _ = model(x, y)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -125,6 +125,24 @@ def test_activation_extras_are_not_weight_decayed(ffn, n_expert):
     assert matrices and not matrices & no_decay
 
 
+@pytest.mark.parametrize("ffn", FFN_VARIANTS)
+def test_activation_parameters_are_the_registrys_extras_and_never_decayed(ffn):
+    """GPT.activation_parameters, the one rule for which parameters are an activation's, names the parameters the
+    registry declares per layer, dense and in an MoE; param_report counts them as extras and the optimizer decays every
+    other matrix, and none of them."""
+    for n_expert in (0, 4):
+        with torch.device("meta"):  # counts only
+            model = tiny(ffn, n_expert=n_expert, moe_every=2)  # with experts: block 0 an MoE, block 1 dense
+        params, acts = dict(model.named_parameters()), model.activation_parameters()
+        extras = VARIANTS[ffn].extras(model.config) * model.config.n_layer
+        assert sum(params[name].numel() for name in acts) == model.param_report()["extras"] == extras, (ffn, n_expert)
+        assert all(".ffn.act." in name or ".ffn.act_up." in name for name in acts)
+        opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+        groups = {g["weight_decay"]: g["params"] for g in opt.param_groups}
+        assert {id(p) for p in groups[0.1]} == {id(p) for n, p in params.items() if p.dim() >= 2 and n not in acts}
+        assert {id(params[name]) for name in acts} <= {id(p) for p in groups[0.0]}
+
+
 @pytest.mark.parametrize("ffn", ["relu", "polynorm", "moa", "swiglu", "moa_glu"])
 def test_tiny_gpt_overfits_one_batch(ffn):
     torch.manual_seed(0)
@@ -133,7 +151,7 @@ def test_tiny_gpt_overfits_one_batch(ffn):
     opt = model.configure_optimizers(0.0, 3e-3, (0.9, 0.95), "cpu")
     initial = None
     for step in range(300):
-        _, loss = model(x, y)
+        _, loss, _ = model(x, y)
         initial = initial or loss.item()
         if loss.item() < 0.2 * initial:
             break
@@ -194,8 +212,10 @@ def test_the_gpt_keeps_every_activation_extra_at_its_start(ffn):
     """GPT-2's re-initialisation of the weights leaves every activation parameter as its module started it."""
     config = GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=84, block_size=16, ffn=ffn)
     expected = activation_parameters(config)
-    for name, p in GPT(config).named_parameters():
-        if ".ffn.act" in name:
+    model = GPT(config)
+    acts = model.activation_parameters()
+    for name, p in model.named_parameters():
+        if name in acts:
             assert torch.equal(p.detach(), expected[name.split(".ffn.")[1]]), (ffn, name)
 
 

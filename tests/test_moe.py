@@ -134,14 +134,34 @@ def test_tiny_moe_gpt_overfits_one_batch():
     opt = model.configure_optimizers(0.0, 3e-3, (0.9, 0.95), "cpu")
     initial = None
     for step in range(300):
-        _, loss = model(x, y)
-        initial = initial or model.loss_parts["ce"].item()
-        if model.loss_parts["ce"].item() < 0.2 * initial:
+        _, loss, parts = model(x, y)
+        initial = initial or parts["ce"].item()
+        if parts["ce"].item() < 0.2 * initial:
             break
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert model.loss_parts["ce"].item() < 0.2 * initial
+    assert parts["ce"].item() < 0.2 * initial
+
+
+def test_forward_returns_the_loss_and_its_parts():
+    """GPT.forward gives (logits, loss, parts): parts are the logits' cross-entropy and the sums of the MoE layers' own
+    losses, detached; training's loss is their sum and evaluation's the cross-entropy alone."""
+    torch.manual_seed(0)
+    x, y, vocab = corpus_batch(4, 32)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=32, vocab_size=vocab, ffn="moa", n_expert=4))
+    layer_aux = []  # each MoE layer's [load balance, z-loss], caught by this test's own hooks
+    for block in model.transformer.h:
+        block.ffn.register_forward_hook(lambda module, args, out: layer_aux.append(out[1]))
+    logits, loss, parts = model(x, y)
+    assert sorted(parts) == ["aux", "ce", "z"] and not any(p.requires_grad for p in parts.values())
+    assert torch.equal(parts["ce"], F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1)))
+    aux = sum(layer_aux)
+    assert len(layer_aux) == 2 and aux.min() > 0 and torch.equal(torch.stack([parts["aux"], parts["z"]]), aux)
+    torch.testing.assert_close(loss.detach(), parts["ce"] + parts["aux"] + parts["z"])
+    model.eval()
+    _, loss, parts = model(x, y)
+    assert torch.equal(loss, parts["ce"]) and model(x)[1:] == (None, None)
 
 
 @pytest.mark.slow
@@ -157,7 +177,7 @@ def test_moe_gpt_trains_under_compile_like_eager():
     for step in range(3):
         losses = []
         for model, opt in zip((eager, compiled), opts):
-            _, loss = model(x, y)
+            _, loss, _ = model(x, y)
             opt.zero_grad()
             loss.backward()
             opt.step()

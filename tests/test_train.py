@@ -173,6 +173,23 @@ def test_checkpoint_contents(tiny_run):
     assert sum(records[2]['val_halves']) / 2 == pytest.approx(records[2]['val_loss'], rel=1e-6)
 
 
+def test_the_log_shows_the_loss_parts_forward_returns(shakespeare_char_dir, tmp_path, monkeypatch):
+    """An MoE run's line holds the mean over its micro-steps of the parts GPT.forward returned: loss (the
+    cross-entropy), aux and z, and loss_total their sum."""
+    from model import GPT
+    returned, forward = [], GPT.forward
+    monkeypatch.setattr(GPT, 'forward', lambda self, *a: returned.append(out := forward(self, *a)) or out)
+    out = str(tmp_path / 'run')
+    train_here(shakespeare_char_dir, out, '--n_expert=4', '--max_iters=2', '--eval_interval=2',
+               '--gradient_accumulation_steps=2')
+    steps = [parts for _, loss, parts in returned if loss is not None and loss.requires_grad]
+    assert len(steps) == 4
+    for r, micro in zip(log(out)[1:], (steps[:2], steps[2:])):
+        mean = {k: sum(p[k] / 2 for p in micro).item() for k in ('ce', 'aux', 'z')}
+        assert (r['loss'], r['aux'], r['z']) == (mean['ce'], mean['aux'], mean['z']) and mean['aux'] > 0
+        assert r['loss_total'] == pytest.approx(mean['ce'] + mean['aux'] + mean['z'], rel=1e-6)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # check 2: DDP (torchrun, gloo on CPU) == gradient accumulation in one process
 
@@ -311,6 +328,40 @@ def test_device_names_are_checked(monkeypatch):
     assert resolve_device('cuda:1') == 'cuda:1'
     with pytest.raises(UserError, match='2 CUDA GPU'):
         resolve_device('cuda:2')
+
+
+def test_train_and_bench_set_up_the_hardware_only_through_device_setup(shakespeare_char_dir, tmp_path, monkeypatch):
+    """device.setup is the one hardware set-up: train.py calls it, and neither train.py nor bench.py (whose call
+    tests/test_bench.py checks) resolves a device or dtype, joins a process group or sets TF32 itself."""
+    import device
+    calls, setup = [], device.setup
+    monkeypatch.setattr(device, 'setup', lambda *a: calls.append(a) or setup(*a))
+    train_here(shakespeare_char_dir, str(tmp_path / 'run'), '--max_iters=0')
+    assert calls == [('cpu', 'float32')]
+    for script in ('train.py', 'bench.py'):
+        source = open(os.path.join(ROOT, script)).read()
+        for own in ('resolve_device', 'resolve_dtype', 'init_process_group', 'set_float32_matmul', 'set_device'):
+            assert own not in source, (script, own)
+
+
+def test_device_setup_joins_torchrun_s_process_group(monkeypatch):
+    """Alone, a process computes on its device; under torchrun (RANK, LOCAL_RANK, WORLD_SIZE set) device.setup also
+    joins the process group, gloo on a CPU."""
+    import socket
+    import torch.distributed as dist
+    from device import Compute, setup
+    assert setup('cpu', 'auto') == Compute('cpu', 'float32', ddp=False, rank=0, local_rank=0, world_size=1)
+    with socket.socket() as s:  # a free port for the group's rendezvous
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    for key, value in dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, MASTER_ADDR='127.0.0.1', MASTER_PORT=port).items():
+        monkeypatch.setenv(key, str(value))
+    try:
+        assert setup('cpu', 'float32') == Compute('cpu', 'float32', ddp=True, rank=0, local_rank=0, world_size=1)
+        assert dist.get_backend() == 'gloo' and dist.get_world_size() == 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def test_the_compile_cache_is_the_documented_one_after_inductor_has_loaded(tmp_path):
