@@ -430,8 +430,9 @@ def write_report(cfg, comp, runs, fresh):
             f"{n} in {path}" for path, n in summary['damaged_lines'].items()), file=sys.stderr)
     plots.loss(os.path.join(cfg['out_dir'], 'loss.png'), summary, by_variant, cfg['smooth'])
     # what each variant's activation became (its first seed, at its best rate): acts.png, and how far it moved
-    first_seed = {v: s['runs'][0]['dir'] for v, s in summary['variants'].items()}
-    summary['acts'] = inspect_run.compare(cfg['out_dir'], first_seed, cfg['data_dir'])
+    by_dir = {r.dir: r for r in runs + fresh}
+    first_seed = {v: by_dir[s['runs'][0]['dir']] for v, s in summary['variants'].items()}
+    summary['acts'] = inspect_run.compare_acts(cfg['out_dir'], first_seed, cfg['data_dir'])
     write_json(os.path.join(cfg['out_dir'], 'summary.json'), summary)
     report.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), summary)
     print('\n' + report.table(summary))

@@ -27,7 +27,7 @@ from cli import UserError, parse_args, run_cli
 from configurator import load_checkpoint, model_config
 from device import resolve_device
 from model import GPT, MoE
-from rundir import check_writable, model_state, read_log_lines, save_figure, write_json
+from rundir import LOG, check_writable, model_state, read_log_lines, save_figure, write_json
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory: ckpt.pt, log.jsonl; acts.png and acts.json are written there
@@ -119,12 +119,15 @@ def history(log, n_layer):
 
 
 @torch.no_grad()
-def inspect(out_dir, data_dir='', bins=100, device='cpu'):
-    """The numbers behind a run's acts.png (the content of acts.json), from its checkpoint and its log."""
+def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
+    """The numbers behind a run's acts.png (the content of acts.json), from its checkpoint and its log (read here
+    unless given: compare.py has read them already, as (records, damaged lines) for the log)."""
     from data.loader import DataLoader
     if bins < 2:
         raise UserError(f"--bins must be at least 2, got {bins}.")
-    ckpt = load_checkpoint(out_dir, "a run writes it at its first evaluation: wait for that, or use another --out_dir.")
+    if ckpt is None:
+        ckpt = load_checkpoint(out_dir, "a run writes it at its first evaluation: wait for that, or use another "
+                                        "--out_dir.")
     model = GPT(model_config(ckpt['model_args']))
     model.load_state_dict(model_state(ckpt['model']))
     model.to(device).eval()
@@ -144,7 +147,7 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu'):
         if usage is not None:
             layer['expert_tokens'] = usage
         layers.append(layer)
-    log, damaged = read_log_lines(os.path.join(out_dir, 'log.jsonl'))
+    log, damaged = log or read_log_lines(os.path.join(out_dir, LOG))
     return {'run': out_dir, 'damaged_lines': len(damaged), 'ffn': model.config.ffn, 'iter': ckpt['iter_num'],
             'n_layer': model.config.n_layer, 'batch': {'dataset': cfg['dataset'], 'batch_size': cfg['batch_size'],
                                                        'block_size': cfg['block_size'], 'tokens': idx.numel()},
@@ -248,14 +251,17 @@ def write(out_dir, report):
     save_figure(fig, os.path.join(out_dir, 'acts.png'))
 
 
-def compare_acts(out_dir, run_dirs, data_dir=''):
-    """For compare.py: inspect and write each variant's run (run_dirs: {variant: its first seed's directory}) and draw
-    out_dir/acts.png. Returns the moved-from-init numbers per variant, layer and branch (None: no checkpoint)."""
+def compare_acts(out_dir, runs, data_dir=''):
+    """For compare.py: inspect and write each variant's run (runs: {variant: its first seed's runs.Run, whose files
+    are read already}) and draw out_dir/acts.png. Returns the moved-from-init numbers per variant, layer and branch
+    (None: no checkpoint)."""
     reports = {}
-    for v, d in run_dirs.items():
+    for v, run in runs.items():
         try:
-            reports[v] = inspect(d, data_dir)
-            write(d, reports[v])
+            if run.checkpoint is None:
+                raise UserError(f"{run.dir} holds no readable checkpoint")
+            reports[v] = inspect(run.dir, data_dir, ckpt=run.checkpoint, log=(run.records, run.damaged))
+            write(run.dir, reports[v])
         except UserError as e:  # a run that never wrote a checkpoint (or whose data moved): no row for it
             print(f"compare: no acts.png row for {v}: {e}", file=sys.stderr)
             reports[v] = None

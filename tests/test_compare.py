@@ -20,6 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import compare
+import configurator
 import report
 import rundir
 import runs
@@ -413,7 +414,8 @@ def test_help_shows_the_values_a_bare_run_uses(capsys):
 def test_a_variant_carries_model_settings_of_its_own(tmp_path):
     """polyrelu:poly_order=2 is polyrelu at order 2, a variant of its own: its runs' settings, directory and
     parameter count say so, and one comparison holds it beside polyrelu at the default order."""
-    cfg = compare.settings([f'--out_dir={tmp_path}', '--variants=polyrelu,polyrelu:poly_order=2', '--lrs=', *TINY])
+    cfg = compare.settings([f'--out_dir={tmp_path}', '--variants=polyrelu,polyrelu:poly_order=2', '--baseline=',
+                            '--seeds=1', *TINY])
     default, order2 = grid_specs(cfg)
     assert (default['settings']['poly_order'], order2['settings']['poly_order']) == (3, 2)
     assert order2['settings']['ffn'] == 'polyrelu' and order2['dir'] == os.path.join(str(tmp_path), 'polyrelu:poly_order=2',
@@ -425,4 +427,5 @@ def test_a_variant_carries_model_settings_of_its_own(tmp_path):
     for bad, words in [('polyrelu:order=2', "unknown config key 'order'"), ('polyrelu:poly_order=x', 'expects an int'),
                        ('gelu:ffn=relu', "unknown config key 'ffn'"), ('polyrelu:poly_order=9', 'poly_order')]:
         with pytest.raises(UserError, match=words):
-            compare.check_comparison(compare.settings([f'--out_dir={tmp_path}', f'--variants=gelu,{bad}', *TINY]))
+            compare.check_comparison(compare.settings([f'--out_dir={tmp_path}', f'--variants=gelu,{bad}', '--baseline=',
+                                                       *TINY]))

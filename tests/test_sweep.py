@@ -1,6 +1,8 @@
 """Learning-rate sweeps (compare.py --lrs / --lr_grid / --lr_extend): on synthetic finished runs with known optima the
 chosen rates are right, an edge optimum is flagged and the extension walks to the interior, and the choice never reads
 the half of the validation windows the comparison is reported on; then (slow) a tiny sweep end to end."""
+import builtins
+import collections
 import contextlib
 import dataclasses
 import io
@@ -155,7 +157,7 @@ def test_a_rate_where_a_seed_diverged_is_a_failure_there(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_tiny_sweep_end_to_end_reused_and_planned(shakespeare_char_dir, tmp_path, capsys):
+def test_a_tiny_sweep_end_to_end_reused_and_planned(shakespeare_char_dir, tmp_path, capsys, monkeypatch):
     """2 variants x 2 seeds x 3 rates trained for real, then each variant at its best rate on 2 fresh seeds; the
     same command again reuses all 16; --plan lists the rate runs of a fresh directory, and the fresh seeds' runs once
     those are done; summary.md and lr.png are written, and summary.json says which seeds chose and which measured."""
@@ -174,9 +176,19 @@ def test_a_tiny_sweep_end_to_end_reused_and_planned(shakespeare_char_dir, tmp_pa
         assert [r['seed'] for r in summary['variants'][v]['runs']] == [1339, 1340]
         assert all(f"lr{x['best']:.3g}" in r['dir'] for r in summary['variants'][v]['runs'])
         assert sorted(os.listdir(out / v / f"lr{x['best']:.3g}")) == ['seed1337', 'seed1338', 'seed1339', 'seed1340']
+    opened, real_open = collections.Counter(), builtins.open  # the same command again: each run is read once
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and os.path.basename(file) in ('log.jsonl', 'ckpt.pt'):
+            opened[os.fspath(file)] += 1
+        return real_open(file, *args, **kwargs)
+    monkeypatch.setattr(builtins, 'open', counting_open)
     code, err = call(compare.main, argv, capsys)
+    monkeypatch.setattr(builtins, 'open', real_open)
     assert code == 0 and 'x 3 rates = 12 runs' in err and '(12 to reuse, 0 to train)' in err
     assert '= 4 runs' in err and '(4 to reuse, 0 to train)' in err
+    assert sum(p.endswith('log.jsonl') for p in opened) == sum(p.endswith('ckpt.pt') for p in opened) == 16
+    assert set(opened.values()) == {1}, opened
     with contextlib.redirect_stdout(io.StringIO()) as plan:
         code, err = call(compare.main, [a.replace(str(out), str(tmp_path / 'fresh')) for a in argv] + ['--plan'], capsys)
     lines = plan.getvalue().splitlines()
