@@ -38,6 +38,7 @@ BASIS = {
     "relu2": (lambda h: torch.relu(h).square(), lambda h: 2.0 * torch.relu(h)),
     "gelu": (F.gelu, _gelu_grad),
     "silu": (F.silu, _silu_grad),
+    "leaky_relu": (lambda h: F.leaky_relu(h, 0.01), lambda h: torch.where(h > 0, 1.0, torch.full_like(h, 0.01))),
     "tanh": (torch.tanh, lambda h: 1.0 - torch.tanh(h).square()),
 }
 
@@ -91,8 +92,8 @@ class Activation(nn.Module):
 
 
 class Fixed(Activation):
-    """φ(h) for a fixed φ in BASIS: relu, gelu (exact erf), relu2 = relu(h)² (Primer, So et al. 2021), silu, tanh,
-    identity (the up branch of a plain GLU)."""
+    """φ(h) for a fixed φ in BASIS: relu, gelu (exact erf), relu2 = relu(h)² (Primer, So et al. 2021), silu,
+    leaky_relu = max(h, 0.01h) (Maas et al. 2013), tanh, identity (the up branch of a plain GLU)."""
 
     def __init__(self, name):
         super().__init__()
@@ -225,31 +226,38 @@ class LA(Activation):
         return ",".join(self.names)
 
 
+MOA_GATES = ("sigmoid", "softmax", "tanh", "plain_sigmoid")  # --moa_gate: the forms of c_k(x) below
+
+
 class MoA(Activation):
     """
     Mixture of activations: φ(h; x) = Σ_k c_k(x) φ_k(h), with per-token coefficients shared across hidden channels
         sigmoid (default):  c_k(x) = α_k · 2σ(u_k·x + b_k)
         softmax (ablation): c_k(x) = α_k · K·softmax(Ux + b)_k
         tanh (ablation):    c_k(x) = α_k · (1 + tanh(u_k·x + b_k))
-    U, b (the Linear `mix_logits`) are zero-initialised, so every gate form starts at c_k = α_k: MoA starts exactly
-    as LA and contains it.
+        plain_sigmoid:      c_k(x) = σ(u_k·x), no α, no bias: the paper's gate, as its public summaries report it
+    U, b (the Linear `mix_logits`) are zero-initialised, so the gates with α start at c_k = α_k: MoA starts exactly
+    as LA and contains it. plain_sigmoid starts at c_k = ½, φ = ½ Σ_k φ_k(h), and has no α for la_init to set.
     """
 
     def __init__(self, names, n_embd, la_init="mean", gate="sigmoid"):
         super().__init__()
-        if gate not in ("sigmoid", "softmax", "tanh"):
-            raise ValueError(f"moa_gate must be sigmoid, softmax or tanh; got {gate!r}")
+        if gate not in MOA_GATES:
+            raise ValueError(f"moa_gate must be one of {', '.join(MOA_GATES)}; got {gate!r}")
         self.names, self.gate_kind = tuple(names), gate
         self.basis = tuple(BASIS[n] for n in self.names)
-        self.alpha = nn.Parameter(_init_alpha(self.names, la_init))
-        self.mix_logits = nn.Linear(n_embd, len(self.names), bias=True)
+        plain = gate == "plain_sigmoid"
+        self.alpha = None if plain else nn.Parameter(_init_alpha(self.names, la_init))
+        self.mix_logits = nn.Linear(n_embd, len(self.names), bias=not plain)
         self.mix_logits.zero_init = True  # a GPT's weight init keeps it at zero too
-        nn.init.zeros_(self.mix_logits.weight)
-        nn.init.zeros_(self.mix_logits.bias)
+        for p in self.mix_logits.parameters():
+            nn.init.zeros_(p)
 
     def token_coefs(self, x):
         """c(x): K coefficients per token, at least fp32 (tiny)."""
         z = lean.fp32(self.mix_logits(x))
+        if self.gate_kind == "plain_sigmoid":
+            return torch.sigmoid(z)
         if self.gate_kind == "sigmoid":
             s = 2.0 * torch.sigmoid(z)
         elif self.gate_kind == "softmax":
@@ -265,9 +273,11 @@ class MoA(Activation):
         return formula_or_lean(mix_formula, lean.mix, h, coefs, self.basis)
 
     def learned(self, x):
-        """α, and c_std: the std of c_k(x) across the tokens of x (how token-adaptive the mixture became)."""
+        """α (plain_sigmoid: c_mean, the mean of c_k(x) over the tokens of x), and c_std: the std of c_k(x) across the
+        tokens of x (how token-adaptive the mixture became)."""
         c = self.token_coefs(x).reshape(-1, len(self.names))
-        return {"alpha": dict(zip(self.names, self.alpha.tolist())), "c_std": dict(zip(self.names, c.std(0).tolist()))}
+        first = ("c_mean", c.mean(0)) if self.alpha is None else ("alpha", self.alpha)
+        return {first[0]: dict(zip(self.names, first[1].tolist())), "c_std": dict(zip(self.names, c.std(0).tolist()))}
 
     def extra_repr(self):
         return f"{','.join(self.names)}, gate={self.gate_kind}"
@@ -357,6 +367,8 @@ def baseline_of(variant):
 
 
 def _fixed(name):
+    if name not in BASIS:  # a fixed activation is defined once, as a dictionary entry with its derivative
+        raise ValueError(f"_fixed({name!r}) needs BASIS[{name!r}] = (φ, φ'): add it to BASIS above")
     return lambda cfg, branch: Fixed(name)
 
 
@@ -379,10 +391,13 @@ def _la(cfg, branch):
 
 
 def _moa(cfg, branch):
-    return MoA(parse_dict(cfg.act_dict), cfg.n_embd, _branch_init(cfg, branch), cfg.moa_gate)
+    init = None if cfg.moa_gate == "plain_sigmoid" else _branch_init(cfg, branch)  # no α: la_init does not apply
+    return MoA(parse_dict(cfg.act_dict), cfg.n_embd, init, cfg.moa_gate)
 
 
 _K = lambda cfg: len(parse_dict(cfg.act_dict))
+# one MoA's extras: U (K·d), and b and α (K each) for every gate but plain_sigmoid
+_MOA_EXTRAS = lambda c: _K(c) * c.n_embd + (0 if c.moa_gate == "plain_sigmoid" else 2 * _K(c))
 _POLY = "PolyCom, Zhuo et al. ICLR 2025 (arXiv 2411.03884)"
 _MIX = '"More Expressive Feedforward Layers: Part I" (arXiv 2605.26647)'
 _GLU = 'Shazeer 2020, "GLU Variants Improve Transformer"'
@@ -397,7 +412,7 @@ VARIANTS = {
     "polynorm": Variant("mlp", _poly("polynorm"), extras=lambda c: c.poly_order + 1, source=_POLY),
     "polyrelunorm": Variant("mlp", _poly("polyrelunorm"), extras=lambda c: c.poly_order + 1, source=_POLY + ", ablation"),
     "la": Variant("mlp", _la, extras=_K, source=_MIX),
-    "moa": Variant("mlp", _moa, extras=lambda c: _K(c) + _K(c) * c.n_embd + _K(c), source=_MIX),
+    "moa": Variant("mlp", _moa, extras=_MOA_EXTRAS, source=_MIX),
     "xielu": Variant("mlp", lambda cfg, branch: XIELU(), extras=lambda c: 2,
                      source="Huang et al. 2024 (arXiv 2411.13010), Apertus"),
     # gated
@@ -407,7 +422,7 @@ VARIANTS = {
     "polynorm_glu": Variant("glu", _poly("polynorm"), _fixed("identity"), extras=lambda c: c.poly_order + 1,
                             source="PolyNorm on the gate branch, as Motif 2.6B"),
     "la_glu": Variant("glu", _la, _la, extras=lambda c: 2 * _K(c), source=_MIX + ', "bi-sided"'),
-    "moa_glu": Variant("glu", _moa, _moa, extras=lambda c: 2 * (_K(c) + _K(c) * c.n_embd + _K(c)),
+    "moa_glu": Variant("glu", _moa, _moa, extras=lambda c: 2 * _MOA_EXTRAS(c),
                        source=_MIX + ', "bi-MoA": separate gates per branch'),
     "xielu_glu": Variant("glu", lambda cfg, branch: XIELU(), _fixed("identity"), extras=lambda c: 2,
                          source="xIELU on the gate branch"),

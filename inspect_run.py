@@ -162,8 +162,69 @@ def figure(nrows, ncols, width, row_height, title, **kw):
     """A figure (made off pyplot: nothing to close) of nrows x ncols axes under the title, wrapped to its width."""
     from matplotlib.figure import Figure
     fig = Figure(figsize=(width, row_height * nrows + 0.6), dpi=100, layout='constrained')
-    fig.suptitle(textwrap.fill(title, int(width * 14)), fontsize=10)
+    fig.suptitle(textwrap.fill(title, int(width * 12)), fontsize=10)
     return fig, fig.subplots(nrows, ncols, squeeze=False, **kw)
+
+
+def palette(n):
+    """n colours told apart: tab10's (up to 10), tab20's (up to 20), else n spaced evenly along turbo."""
+    from matplotlib import colormaps
+    if n > 20:
+        return [colormaps['turbo'](j / (n - 1)) for j in range(n)]
+    return [colormaps['tab10' if n <= 10 else 'tab20'](j) for j in range(n)]
+
+
+def by_quantity(series):
+    """A part's logged series as small multiples: {quantity: {entry: values}} for named numbers (alpha of each
+    dictionary entry, ...), every plain number (alpha_p, ...) under '' by its own name."""
+    groups = {}
+    for label, values in series.items():
+        quantity, _, entry = label.partition(' ')
+        groups.setdefault(quantity if entry else '', {})[entry or quantity] = values
+    return groups
+
+
+def branch_label(name, branches):
+    """A function panel's name: φ, or for a GLU the gate branch φ(g), which multiplies h or φ_up(h), and φ_up(h)."""
+    if 'act_up' not in branches:
+        return 'φ'
+    if name == 'act_up':
+        return 'φ_up(h), the up branch'
+    up = 'h' if branches['act_up']['kind'] == 'Fixed(identity)' else 'φ_up(h)'  # a plain GLU's up branch: h itself
+    return f"φ(g), the gate branch, multiplied by {up}"
+
+
+def mixture_weights(report, i):
+    """Layer i's dictionary weights per mixture branch, {branch: (entries, weight, low, high)}: MoA's c_k(x), median
+    and 5-95% over the batch's tokens; LA's α as logged at the checkpoint's iteration."""
+    weights = {}
+    for part, g in report['layers'][i]['gates'].items():
+        q = np.array(g['quantiles'])  # per entry: 5, 25, 50, 75, 95%
+        weights[part] = (g['names'], q[:, 2], q[:, 0], q[:, 4])
+    hist = report['history']
+    j = hist['iters'].index(report['iter']) if report['iter'] in hist['iters'] else -1
+    for part, series in hist['layers'][i].items():
+        alpha = by_quantity(series).get('alpha', {})
+        if part not in weights and alpha and None not in [v[j] for v in alpha.values()]:
+            weights[part] = (list(alpha), np.array([v[j] for v in alpha.values()]), None, None)
+    return weights
+
+
+def draw_weights(ax, weights):
+    """A mixture's dictionary weights, one bar per entry (a GLU's gate and up branches side by side, as their curves'
+    colours), MoA's with its 5-95% range over tokens."""
+    for j, (part, (names, w, lo, hi)) in enumerate(weights.items()):
+        y = np.arange(len(names)) + (0.2 * (2 * j - 1) if len(weights) > 1 else 0.0)
+        err = None if lo is None else np.maximum(0, [w - lo, hi - w])
+        ax.barh(y, w, height=0.8 / len(weights), xerr=err, color=f'C{j}', error_kw=dict(lw=0.8, capsize=1.5),
+                label={'act': 'gate', 'act_up': 'up'}[part] if len(weights) > 1 else None)
+        ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.invert_yaxis()  # the dictionary's order, top down
+    ax.axvline(0, color='0.6', linewidth=0.5)
+    ax.set_xlabel('weight', fontsize=8)
+    if len(weights) > 1:
+        ax.legend(fontsize=6)
+    ax.grid(alpha=0.3, axis='x')
 
 
 def draw_function(ax, branch, color='C0', label='learned', hist=True):
@@ -203,21 +264,26 @@ def draw_gates(ax, gates, entropy):
 
 
 def draw_series(ax, series, iters):
-    for j, (label, values) in enumerate(series.items()):
+    """One logged quantity over training: a line per entry, each its own colour (the same entry, the same colour in
+    every panel of the quantities it logs)."""
+    for color, (label, values) in zip(palette(len(series)), series.items()):
         pts = [(i, v) for i, v in zip(iters, values) if v is not None]
-        ax.plot(*zip(*pts), marker='.', label=label, color=f'C{j % 10}', linestyle='-' if j < 10 else '--')
+        if pts:
+            ax.plot(*zip(*pts), marker='.', label=label, color=color)
     ax.set(xlabel='iteration')
-    ax.legend(fontsize=6, ncol=2 if len(series) > 6 else 1)
+    ax.legend(fontsize=6, ncol=2 if len(series) > 8 else 1)
     ax.grid(alpha=0.3)
 
 
 def write(out_dir, report):
-    """A run's acts.json, and acts.png: one row per layer; its columns the functions, what each part logged over
-    training, MoA's gates and their entropy, an MoE's tokens per expert."""
+    """A run's acts.json, and acts.png: one row per layer; its columns the functions, each quantity each part logged
+    over training (small multiples: alpha, c_std, ... apart), MoA's gates and their entropy, an MoE's tokens per
+    expert."""
     write_json(os.path.join(out_dir, 'acts.json'), report)
     layers, hist = report['layers'], report['history']
     cols = list(layers[0]['branches'])
-    cols += [f'history {part}' for part in dict.fromkeys(p for logged in hist['layers'] for p in logged)]
+    cols += list(dict.fromkeys((part, q) for logged in hist['layers'] for part, series in logged.items()
+                               for q in by_quantity(series)))  # (part, quantity): a history panel
     if any(l['gates'] for l in layers):
         cols += ['gates', 'entropy']
     if any('expert_tokens' in l for l in layers):
@@ -229,19 +295,25 @@ def write(out_dir, report):
               'experts': 'validation tokens per expert'}
     for i, (layer, logged) in enumerate(zip(layers, hist['layers'])):
         for ax, col in zip(axes[i], cols):
-            part = col.removeprefix('history ')
             if col in layer['branches']:
                 branch = layer['branches'][col]
                 draw_function(ax, branch)
-                what = BRANCH_LABELS[col] + (' (median, 10-90% over tokens)' if branch['token_dependent'] else '')
+                band = 'median, 10-90% over tokens; ' if branch['token_dependent'] else ''
                 moved = f"moved from init {branch['moved']:.3g}" if branch['learnable'] else 'fixed'
-                ax.set_title(f"layer {i}: {what}\n{moved}", fontsize=9)
-                ax.set_xlabel('h (pre-activation)')
+                ax.set_title(f"layer {i}: {branch_label(col, layer['branches'])}\n{band}{moved}", fontsize=9)
+                ax.set_xlabel('g (pre-activation)' if col == 'act' and 'act_up' in layer['branches'] else
+                              'h (pre-activation)')
                 continue
-            ax.set_title(f'layer {i}: ' + titles.get(col, f'{part} over training'), fontsize=9)
-            if col != part and logged.get(part):
-                draw_series(ax, logged[part], hist['iters'])
-            elif col in ('gates', 'entropy') and layer['gates']:
+            if isinstance(col, tuple):  # one quantity a part logged over training
+                series = by_quantity(logged.get(col[0], {})).get(col[1])
+                ax.set_title(f"layer {i}: {' '.join(filter(None, col))} over training", fontsize=9)
+                if series:
+                    draw_series(ax, series, hist['iters'])
+                else:
+                    ax.set_axis_off()
+                continue
+            ax.set_title(f'layer {i}: ' + titles[col], fontsize=9)
+            if col in ('gates', 'entropy') and layer['gates']:
                 draw_gates(ax, layer['gates'], col == 'entropy')
             elif col == 'experts' and 'expert_tokens' in layer:
                 ax.bar(range(len(layer['expert_tokens'])), layer['expert_tokens'], color='C2')
@@ -275,30 +347,48 @@ def compare_acts(out_dir, runs, data_dir=''):
 
 
 def draw_comparison(path, reports):
-    """One row per variant, one column per layer: φ (for a GLU the gate's, and the up branch's where learned)."""
+    """One row per variant; per layer a column of φ (for a GLU the gate's, and the up branch's where learned) and, where
+    a variant mixes a dictionary (LA, MoA), a column of its dictionary weights."""
     n_layer = max(r['n_layer'] for r in reports.values())
-    width = max(4.5 * n_layer, 8)
+    weights = {v: [mixture_weights(r, i) for i in range(r['n_layer'])] for v, r in reports.items()}
+    per_layer = 2 if any(any(w) for w in weights.values()) else 1
+    width = max((4.5 + 2.3 * (per_layer - 1)) * n_layer, 8)
     title = ("learned φ at each run's checkpoint (solid; median and 10-90% band over tokens where it depends on the "
              "token), init dashed, histogram of h on the first validation batch behind; the first seed of each "
-             "variant; moved: distance from init over the histogram's mass")
-    # y not shared: PolyNorm's powers normalised
-    fig, axes = figure(len(reports), n_layer, width, 2.6, title, sharex='col')
+             "variant; moved: distance from init over the histogram's mass. A GLU's panel is its gate branch φ(g), "
+             "which multiplies h (or φ_up(h), drawn too where learned). Dictionary weights: LA's α_k; MoA's c_k(x), "
+             "median and 5-95% over the batch's tokens")
+    fig, axes = figure(len(reports), n_layer * per_layer, width, 2.6, title,
+                       gridspec_kw=dict(width_ratios=[4.5, 2.3][:per_layer] * n_layer))
+    for col in range(0, n_layer * per_layer, per_layer):  # h shared down a layer's column; y not: PolyNorm normalises
+        for ax in axes[1:, col]:
+            ax.sharex(axes[0, col])
     for row, (v, r) in zip(axes, reports.items()):
-        for i, ax in enumerate(row):
+        for i in range(n_layer):
+            ax = row[i * per_layer]
             if i >= r['n_layer']:
-                ax.set_axis_off()
+                for a in row[i * per_layer:(i + 1) * per_layer]:
+                    a.set_axis_off()
                 continue
             branches = r['layers'][i]['branches']
-            draw_function(ax, branches['act'], label='φ_gate' if 'act_up' in branches else 'φ')
+            glu = 'act_up' in branches
+            draw_function(ax, branches['act'], label='φ_gate(g)' if glu else 'φ')
             if branches.get('act_up', {}).get('learnable'):
-                draw_function(ax, branches['act_up'], color='C1', label='φ_up', hist=False)
+                draw_function(ax, branches['act_up'], color='C1', label='φ_up(h)', hist=False)
                 ax.legend(fontsize=7, loc='upper left')
-            names = {'act': 'gate ' if 'act_up' in branches else '', 'act_up': 'up '}
+            names = {'act': 'gate ' if glu else '', 'act_up': 'up '}
             moved = ', '.join(f"{names[n]}{b['moved']:.3g}" for n, b in branches.items() if b['learnable'])
-            ax.set_title(f"{v}, layer {i}" + (f": moved {moved}" if moved else ' (fixed)'), fontsize=10)
+            what = f"\n{branch_label('act', branches)}" if glu else ''
+            ax.set_title(f"{v}, layer {i}" + (f": moved {moved}" if moved else ' (fixed)') + what, fontsize=9)
+            if per_layer > 1:
+                if weights[v][i]:
+                    draw_weights(row[i * per_layer + 1], weights[v][i])
+                    row[i * per_layer + 1].set_title("dictionary weights", fontsize=9)
+                else:
+                    row[i * per_layer + 1].set_axis_off()
         row[0].set_ylabel(f"{v}, iteration {r['iter']}")  # each run's checkpoint: its last or its best evaluation
-    for ax in axes[-1]:
-        ax.set_xlabel('h (pre-activation)')
+    for ax in axes[-1, ::per_layer]:
+        ax.set_xlabel('h (pre-activation; g for a GLU\'s gate)')
     save_figure(fig, path)
 
 

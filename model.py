@@ -44,7 +44,7 @@ class GPTConfig:
     poly_order: int = 3  # r of PolyReLU / PolyNorm (2–4)
     act_dict: str = "identity,relu,relu2,gelu,silu,tanh"  # LA / MoA dictionary
     la_init: str = "onehot"  # onehot (as the baseline: gelu, swiglu) | mean | sum | onehot:NAME ('A/B': gate/up)
-    moa_gate: str = "sigmoid"  # sigmoid | softmax | tanh
+    moa_gate: str = "sigmoid"  # sigmoid | softmax | tanh | plain_sigmoid (activations.MOA_GATES)
     # toy mixture of experts (n_expert = 0: dense)
     n_expert: int = 0
     top_k: int = 2

@@ -1,7 +1,11 @@
-"""The activations equal their papers' formulas (independent float64 references written here, not imported), exactly
-where an equivalence is claimed (LA one-hot = the fixed activation, MoA with zero gates = LA, bi-sided GLUs = SwiGLU);
-the memory-lean Functions of lean.py equal the plain formulas and pass float64 gradcheck; and they keep no more memory
-for backward than the baselines do."""
+"""The activations equal their papers' formulas (independent float64 references written here, not imported): every
+dictionary entry, every MoA gate and every FFN variant of the registry, values and gradients; exactly where an
+equivalence is claimed (LA one-hot = the fixed activation, MoA with zero gates = LA, bi-sided GLUs = SwiGLU); the
+memory-lean Functions of lean.py equal the plain formulas and pass float64 gradcheck; and they keep no more memory for
+backward than the baselines do."""
+import contextlib
+import io
+import json
 import math
 import re
 from pathlib import Path
@@ -11,15 +15,19 @@ import torch
 
 import activations as A
 import lean
+import train
 from bench import saved_bytes_for_backward
 from model import GPTConfig
-from model import FFN
+from model import FFN, GPT
 
 torch.manual_seed(0)
 ROOT = Path(__file__).resolve().parent.parent
 LEARNED = [v for v in A.VARIANTS if A.VARIANTS[v].extras(GPTConfig(ffn=v)) > 0]  # variants with learned extras
 # the variants whose eager activations run a memory-lean Function of lean.py (found by the modules they build)
 LEAN = [v for v in LEARNED if isinstance(A.make_activations(GPTConfig(ffn=v))[0], (A.Poly, A.LA, A.MoA, A.XIELU))]
+MOA = [v for v in A.VARIANTS if isinstance(A.make_activations(GPTConfig(ffn=v))[0], A.MoA)]
+ALPHA_GATES = [g for g in A.MOA_GATES if A.MoA(["relu"], 4, gate=g).alpha is not None]  # the gates that contain LA
+PAPER_DICT = "identity,relu,relu2,gelu,silu,leaky_relu,tanh"  # the paper's dictionary, as its public summaries report
 
 
 # ---- independent references, written from the papers' formulas with plain autograd ----------------------------------
@@ -44,8 +52,33 @@ REF_BASIS = {
     "relu2": lambda h: torch.clamp(h, min=0) ** 2,
     "gelu": lambda h: 0.5 * h * (1 + torch.erf(h / math.sqrt(2))),
     "silu": lambda h: h / (1 + torch.exp(-h)),
+    "leaky_relu": lambda h: torch.where(h > 0, h, 0.01 * h),
     "tanh": lambda h: (torch.exp(h) - torch.exp(-h)) / (torch.exp(h) + torch.exp(-h)),
 }
+
+
+def ref_basis(name):
+    assert name in REF_BASIS, f"add an independent reference for {name!r} to REF_BASIS in tests/test_activations.py"
+    return REF_BASIS[name]
+
+
+# MoA's c(x) from its logits z = Ux (+ b), one per activations.MOA_GATES (a gate added there needs its line here)
+REF_GATES = {
+    "sigmoid": lambda z, alpha: alpha * 2 / (1 + torch.exp(-z)),
+    "softmax": lambda z, alpha: alpha * z.shape[-1] * torch.exp(z) / torch.exp(z).sum(-1, keepdim=True),
+    "tanh": lambda z, alpha: alpha * (1 + REF_BASIS["tanh"](z)),
+    "plain_sigmoid": lambda z, alpha: 1 / (1 + torch.exp(-z)),
+}
+
+
+def mixture_reference(act, x, h):
+    """Σ_k c_k φ_k(h): c = α for LA, MoA's gate of REF_GATES for MoA; φ_k of REF_BASIS."""
+    c = act.alpha
+    if isinstance(act, A.MoA):
+        assert act.gate_kind in REF_GATES, f"add moa_gate={act.gate_kind!r} to REF_GATES in tests/test_activations.py"
+        W, b = act.mix_logits.weight, act.mix_logits.bias
+        c = REF_GATES[act.gate_kind](x @ W.T + (0 if b is None else b), act.alpha)
+    return sum(c[..., k : k + 1] * ref_basis(n)(h) for k, n in enumerate(act.names))
 
 
 def xielu_reference(h, alpha_p, alpha_n, beta=0.5, eps=-1e-6):
@@ -55,18 +88,75 @@ def xielu_reference(h, alpha_p, alpha_n, beta=0.5, eps=-1e-6):
     return torch.where(h > 0, pos, neg)
 
 
+def xielu_of(act, h):
+    softplus = lambda v: torch.log1p(torch.exp(v))
+    return xielu_reference(h, softplus(act.a_p), 0.5 + softplus(act.a_n))
+
+
+# one float64 reference per variant of activations.VARIANTS (a variant added there needs its line here): what its FFN
+# `f` computes before W_down, from f's learned scalars, the FFN input x and h = W_up x: φ(h) for an mlp variant,
+# φ(g) ⊙ φ_up(h) for a glu variant, g = W_gate x
+REF_VARIANTS = {
+    "relu": lambda f, x, h: ref_basis("relu")(h),
+    "gelu": lambda f, x, h: ref_basis("gelu")(h),
+    "relu2": lambda f, x, h: ref_basis("relu2")(h),
+    "silu": lambda f, x, h: ref_basis("silu")(h),
+    "polyrelu": lambda f, x, h: poly_reference("polyrelu", h, f.act.coeffs),
+    "polynorm": lambda f, x, h: poly_reference("polynorm", h, f.act.coeffs),
+    "polyrelunorm": lambda f, x, h: poly_reference("polyrelunorm", h, f.act.coeffs),
+    "la": lambda f, x, h: mixture_reference(f.act, x, h),
+    "moa": lambda f, x, h: mixture_reference(f.act, x, h),
+    "xielu": lambda f, x, h: xielu_of(f.act, h),
+    "swiglu": lambda f, x, g, h: ref_basis("silu")(g) * h,
+    "geglu": lambda f, x, g, h: ref_basis("gelu")(g) * h,
+    "reglu": lambda f, x, g, h: ref_basis("relu")(g) * h,
+    "polynorm_glu": lambda f, x, g, h: poly_reference("polynorm", g, f.act.coeffs) * h,
+    "la_glu": lambda f, x, g, h: mixture_reference(f.act, x, g) * mixture_reference(f.act_up, x, h),
+    "moa_glu": lambda f, x, g, h: mixture_reference(f.act, x, g) * mixture_reference(f.act_up, x, h),
+    "xielu_glu": lambda f, x, g, h: xielu_of(f.act, g) * h,
+}
+
+
 def basis(names):
     return tuple(A.BASIS[n] for n in names)
+
+
+def check_ffn_against_reference(variant, **settings):
+    """The FFN of `variant` (off its init, float64) against REF_VARIANTS: its output and every gradient."""
+    args = "g, h" if A.VARIANTS[variant].gated else "h"
+    assert variant in REF_VARIANTS, (f"add a float64 reference for {variant!r} to REF_VARIANTS in "
+                                     f"tests/test_activations.py: `\"{variant}\": lambda f, x, {args}: ...`")
+    torch.manual_seed(0)
+    f = FFN(GPTConfig(n_embd=16, n_head=4, ffn=variant, **settings)).double()
+    with torch.no_grad():  # off the init, so that every learned scalar and gate matters
+        for p in f.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    x = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    branches = (f.w_up(x),) if f.w_gate is None else (f.w_gate(x), f.w_up(x))
+    y, y_ref = f(x)[0], f.w_down(REF_VARIANTS[variant](f, x, *branches))
+    g, wrt = torch.randn_like(y), [x, *f.parameters()]
+    grads = [torch.autograd.grad(out, wrt, g, allow_unused=True, materialize_grads=True) for out in (y, y_ref)]
+    pairs = [(y, y_ref), *zip(*grads)]
+    worst = max((a - b).abs().max().item() for a, b in pairs)
+    assert all(torch.allclose(a, b) for a, b in pairs), (
+        f"{variant}'s FFN does not compute its formula in REF_VARIANTS (its output or a gradient is off by "
+        f"{worst:.3g}): check the record of {variant!r} in activations.VARIANTS against it")
+
+
+# ---- every variant of the registry ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", list(A.VARIANTS))
+def test_every_ffn_computes_its_reference_formula(variant):
+    check_ffn_against_reference(variant)
 
 
 # ---- the dictionary --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(A.BASIS))
 def test_dictionary_entries_and_their_derivatives_are_the_textbook_functions(name):
-    assert name in REF_BASIS, f"add an independent reference for {name!r} to REF_BASIS in tests/test_activations.py"
+    ref = ref_basis(name)
     fn, grad_fn = A.BASIS[name]
     h = torch.linspace(-6, 6, 1001, dtype=torch.float64).requires_grad_(True)
-    torch.testing.assert_close(fn(h), REF_BASIS[name](h))
-    (slope,) = torch.autograd.grad(REF_BASIS[name](h).sum(), h)
+    torch.testing.assert_close(fn(h), ref(h))
+    (slope,) = torch.autograd.grad(ref(h).sum(), h)
     torch.testing.assert_close(grad_fn(h.detach()) * torch.ones_like(h), slope)
 
 
@@ -117,23 +207,71 @@ def test_polynorm_half_precision_autocast_large_inputs(order, dtype):
 
 
 # ---- LA and MoA ----------------------------------------------------------------------------------------------------
-def test_la_and_moa_match_mixture_reference():
+@pytest.mark.parametrize("gate", A.MOA_GATES)
+def test_la_and_moa_match_mixture_reference(gate):
+    """Over the whole dictionary BASIS; test_every_moa_gate_... checks the gradients too, inside the FFN."""
     names = list(A.BASIS)
-    moa = A.MoA(names, 16).double()
+    moa = A.MoA(names, 16, gate=gate).double()
     with torch.no_grad():
-        moa.mix_logits.weight.normal_()
-        moa.mix_logits.bias.normal_()
-        moa.alpha.normal_()
+        for p in moa.parameters():
+            p.normal_()
     x = torch.randn(3, 5, 16, dtype=torch.float64)
     h = torch.randn(3, 5, 32, dtype=torch.float64)
-    c = moa.alpha * 2 * torch.sigmoid(x @ moa.mix_logits.weight.T + moa.mix_logits.bias)
-    y_ref = sum(c[..., k : k + 1] * REF_BASIS[n](h) for k, n in enumerate(names))
-    torch.testing.assert_close(moa(h, moa.token_coefs(x)), y_ref)
+    torch.testing.assert_close(moa(h, moa.token_coefs(x)), mixture_reference(moa, x, h))
     la = A.LA(names).double()
-    torch.testing.assert_close(la(h), sum(la.alpha[k] * REF_BASIS[n](h) for k, n in enumerate(names)))
+    torch.testing.assert_close(la(h), mixture_reference(la, x, h))
 
 
-@pytest.mark.parametrize("gate", ["sigmoid", "softmax", "tanh"])
+@pytest.mark.parametrize("gate", A.MOA_GATES)
+@pytest.mark.parametrize("variant", MOA)
+def test_every_moa_gate_computes_its_reference_formula(variant, gate):
+    """Values and gradients in float64, through the memory-lean Function eager training runs, with the paper's
+    dictionary."""
+    check_ffn_against_reference(variant, moa_gate=gate, act_dict=PAPER_DICT)
+
+
+@pytest.mark.parametrize("gate", A.MOA_GATES)
+@pytest.mark.parametrize("variant", MOA)
+def test_moa_extras_are_counted_for_every_gate(variant, gate):
+    """Per layer and branch: the paper's plain gate has U (K·d); the gates with α add α and b (2K)."""
+    cfg = GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=84, ffn=variant, moa_gate=gate, act_dict=PAPER_DICT)
+    model = GPT(cfg)
+    per_branch = 7 * 64 + (0 if gate == "plain_sigmoid" else 2 * 7)
+    assert A.VARIANTS[variant].extras(cfg) == per_branch * (2 if A.VARIANTS[variant].gated else 1)
+    own = sum(p.numel() for m in model.modules() if isinstance(m, A.MoA) for p in m.parameters())
+    assert model.param_report()["extras"] == 2 * A.VARIANTS[variant].extras(cfg) == own
+
+
+@pytest.mark.parametrize("variant", MOA)
+def test_the_plain_sigmoid_gates_start_at_one_half_exactly(variant):
+    """Inside a GPT (whose init keeps the gates at zero): c_k(x) = σ(0) = ½ for every token and entry, so each MoA
+    starts as ½ Σ_k φ_k(h), exactly."""
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=84, ffn=variant, moa_gate="plain_sigmoid",
+                          act_dict=PAPER_DICT))
+    x, h = torch.randn(3, 5, 64), torch.randn(3, 5, 256)
+    acts = [m for m in model.modules() if isinstance(m, A.MoA)]
+    assert len(acts) == 2 * (2 if A.VARIANTS[variant].gated else 1)
+    for act in acts:
+        c = act.token_coefs(x)
+        assert c.shape == (3, 5, 7) and torch.all(c == 0.5)
+        assert torch.equal(act(h, c), 0.5 * sum(A.BASIS[n][0](h) for n in PAPER_DICT.split(",")))
+
+
+def test_the_papers_moa_trains(shakespeare_char_dir, tmp_path):
+    """The paper's form end to end through train.py: its gates log ½ at iteration 0 and move as it trains."""
+    tiny = ['--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
+            '--block_size=32', '--batch_size=4', '--eval_iters=2', '--warmup_iters=0', '--learning_rate=1e-2']
+    with contextlib.redirect_stdout(io.StringIO()):
+        train.main(tiny + [f'--data_dir={shakespeare_char_dir}', f'--out_dir={tmp_path}', '--max_iters=4',
+                           '--eval_interval=2', '--ffn=moa', '--moa_gate=plain_sigmoid', f'--act_dict={PAPER_DICT}'])
+    evals = [r for r in map(json.loads, open(tmp_path / 'log.jsonl')) if 'act' in r]
+    first, last = (r['act']['layers'][0]['act'] for r in (evals[0], evals[-1]))
+    assert evals[0]['iter'] == 0 and list(first['c_mean']) == PAPER_DICT.split(",")
+    assert set(first['c_mean'].values()) == {0.5} and set(first['c_std'].values()) == {0.0}
+    assert all(math.isfinite(r['val_loss']) for r in evals if 'val_loss' in r) and last['c_mean'] != first['c_mean']
+
+
+@pytest.mark.parametrize("gate", ALPHA_GATES)
 def test_moa_with_zero_gates_equals_la_exactly(gate):
     names = list(A.BASIS)
     la, moa = A.LA(names, "mean"), A.MoA(names, 32, "mean", gate)

@@ -1,6 +1,7 @@
 """What the repository says of itself holds: README's table of variants is the registry, its table of results is the
 shipped summary, every library module says its one job in its first line, and no library imports a script."""
 import ast
+import difflib
 import json
 import re
 from pathlib import Path
@@ -12,16 +13,30 @@ SCRIPTS = {'train', 'compare', 'bench', 'sample'}  # entry points: run, never im
 
 
 def readme_variant_problems(readme, variants):
-    """What is wrong with README's table of variants against the registry `variants`, as sentences saying what to do."""
-    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (mlp|glu) \| .* \| ([^|]+) \|$", readme, flags=re.M)
+    """What is wrong with README's table of variants against the registry `variants`, as sentences saying what to do.
+    The table holds each variant once, in any order, as long as its mlp rows come before its glu rows."""
+    table = readme.split('## The FFN variants')[1].split('\n## ')[0]  # not the guide's example rows
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (mlp|glu) \| .* \| ([^|]+) \|$", table, flags=re.M)
     found = {name: (kind, source.strip()) for name, kind, source in rows}
+    last_of = lambda kind: ([n for n, k, _ in rows if k == kind] or [n for n, _, _ in rows] or ['the header'])[-1]
     problems = [f"README.md's table of variants has no row for {name!r}: add `| `{name}` | {v.kind} | φ | extras per "
-                f"layer | {v.source} |` after the row of {list(variants)[i - 1]!r}" for i, (name, v) in enumerate(variants.items())
-                if name not in found]
+                f"layer | {v.source} |` among its {v.kind} rows (after the row of {last_of(v.kind)!r}, say)"
+                for name, v in variants.items() if name not in found]
+    problems += [f"README.md's table of variants has a row for {name!r}, which activations.VARIANTS lacks: remove the "
+                 f"row, or add the variant's record to VARIANTS" for name in found if name not in variants]
     problems += [f"README.md's row of {name!r} says {found[name]}, the registry {(v.kind, v.source)}: make them equal"
                  for name, v in variants.items() if name in found and found[name] != (v.kind, v.source)]
-    if not problems and [name for name, _, _ in rows] != list(variants):
-        problems.append("README.md's table of variants lists them in another order than activations.VARIANTS")
+    names = [name for name, _, _ in rows]
+    grouped = sorted(names, key=lambda n: found[n][0] == 'glu')  # stable: mlp rows first, each kind in its order
+    kept = {n for i, _, size in difflib.SequenceMatcher(None, names, grouped, autojunk=False).get_matching_blocks()
+            for n in names[i:i + size]}
+    for j, name in enumerate(grouped):
+        if name not in kept:
+            kind, other = found[name][0], {'mlp': 'glu', 'glu': 'mlp'}[found[name][0]]
+            place = f"below the row of {grouped[j - 1]!r}" if j else "to the top of the table"
+            problems.append(f"README.md's row of {name!r} ({kind}) stands among the {other} rows: move it {place}")
+    problems += [f"README.md's table of variants has {names.count(n)} rows for {n!r}: keep one"
+                 for n in found if names.count(n) > 1]
     return problems
 
 
