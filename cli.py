@@ -87,7 +87,7 @@ def read_text(path, what, example):
 
 def _run_config_file(path, config, defaults, types, given):
     source = read_text(path, 'config file', 'config/shakespeare_char.py')
-    scope = {**config, '__builtins__': __builtins__}
+    scope = {**config, '__builtins__': __builtins__, '__file__': os.path.abspath(path)}  # a file may build on another
     try:
         exec(compile(source, path, 'exec'), scope)
     except SystemExit as e:  # the file stopped the command on purpose: its message is the sentence

@@ -216,8 +216,9 @@ def test_the_guides_commands_train_and_report_the_new_activations(added, shakesp
     argv = [*shlex.split(command)[2:], f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}',
             '--learning_rate=1e-2', '--max_iters=4', '--eval_interval=2', *TINY]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        for run in compare.plan(compare.settings(argv))[3]:  # the runs compare.py plans, trained here
-            train.main(to_argv(run['settings']))
+        cfg = compare.settings(argv)
+        for run in compare.grid_runs(cfg, compare.check_comparison(cfg)):  # the runs compare.py plans, trained here
+            train.main(to_argv(run.settings))
         compare.main(argv)
     log = [json.loads(l) for l in open(os.path.join(out, 'swish_beta', 'seed1337', 'log.jsonl'))]
     betas = [r['act']['layers'][0]['act']['beta'] for r in log if 'act' in r]
