@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cli import split_list, to_argv
+from cli import UserError, split_list, to_argv
 from configurator import DEFAULTS, variant_settings
 from rundir import CKPT, LOG, RECORD, STOPPED, read_json, read_log_lines
 
@@ -21,6 +21,8 @@ TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
 # MFU is measured against: not what it is
 NOT_IDENTITY = ('out_dir', 'data_dir', 'init_from', 'overwrite', 'compile', 'compile_mode', 'peak_flops')
 FINISHED = ('done', 'stopped')  # states that are results: reused, never trained again
+_count = lambda v: type(v) is int and 1 <= v < 2**63
+RECORD_FIELDS = {'settings': lambda v: isinstance(v, dict), 'processes': _count, 'at_once': _count}  # compare.json
 
 
 def identifies(key):
@@ -101,6 +103,9 @@ def scan(spec):
     d, wanted = spec['dir'], identity(spec['settings'], spec['processes'])
     records, damaged = read_log_lines(os.path.join(d, LOG))
     ckpt, record = read_checkpoint(d), read_json(os.path.join(d, RECORD)) or {}
+    if bad := next((k for k, valid in RECORD_FIELDS.items() if k in record and not valid(record[k])), None):
+        raise UserError(f"{os.path.join(d, RECORD)} is not a record compare.py writes (its {bad} is "
+                        f"{str(record[bad])[:40]}); delete that file, or the run's directory to train it again.")
     config = (ckpt or {}).get('config')
     if isinstance(config, dict):
         found = identity(config, ckpt.get('world_size') or 1)

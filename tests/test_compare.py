@@ -25,8 +25,8 @@ import report
 import rundir
 import runs
 from cli import RunStopped, UserError, run_cli
-from model import GPTConfig
-from model import GPT
+from model import GPT, GPTConfig
+from test_hostile import call
 
 
 def grid_specs(cfg):
@@ -429,3 +429,25 @@ def test_a_variant_carries_model_settings_of_its_own(tmp_path):
         with pytest.raises(UserError, match=words):
             compare.check_comparison(compare.settings([f'--out_dir={tmp_path}', f'--variants=gelu,{bad}', '--baseline=',
                                                        *TINY]))
+
+
+@pytest.mark.parametrize('field, value', [('at_once', [1]), ('at_once', {'n': 1}), ('processes', 'one'),
+                                          ('settings', 3)])
+def test_a_record_of_the_wrong_shape_is_refused_naming_its_field(tmp_path, field, value, capsys):
+    argv = [f'--out_dir={tmp_path}', '--variants=gelu', '--seeds=1', *TINY]
+    (spec,) = grid_specs(compare.settings(argv))
+    os.makedirs(spec['dir'])
+    rundir.write_json(os.path.join(spec['dir'], 'compare.json'), {'settings': spec['settings'], 'processes': 1,
+                                                                  field: value})
+    code, err = call(compare.main, argv + ['--report'], capsys)
+    assert code == 2 and f"compare.json is not a record compare.py writes (its {field} is" in err
+    assert 'Traceback' not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_sweep_on_the_command_line_replaces_the_config_files():
+    """The default config lists its rates (lrs); --lr_grid on the command line replaces them, and the other way round."""
+    cfg = compare.settings(['--lr_grid=1'])
+    assert cfg['lrs'] == '' and compare.learning_rates(cfg) == pytest.approx([1e-3, 2e-3, 4e-3])
+    assert compare.learning_rates(compare.settings(['--lrs=2e-3,4e-3'])) == [2e-3, 4e-3]
+    with pytest.raises(UserError, match='give one of them'):  # both on the command line: which one is meant?
+        compare.learning_rates(compare.settings(['--lr_grid=1', '--lrs=1e-3,2e-3']))
