@@ -81,6 +81,9 @@ def summarize(head, runs, shapes, loss_of=lambda r: r['val_loss']):
             'runs': [{k: x for k, x in m.items() if k != 'curve'} for m in ms],
             'matched': matched(ms, by_variant[baseline], scale, shapes[baseline]['scale']) if v != baseline else None,
         }
+    # every pair, row minus column, paired by seed: what a claim between two variants that are not the baseline reads
+    out['pairs'] = {a: {b: stats.paired(seed_gaps(by_variant[a], by_variant[b])) for b in head['variants'] if b != a}
+                    for a in head['variants']}
     # seed noise, pooled over variants (the root mean square of their stds)
     for key, name in (('final_val_loss', 'seed_std'), ('diff_to_baseline', 'paired_diff_std')):
         var = [s[key]['std'] ** 2 for s in out['variants'].values() if s[key] and s[key]['std'] is not None]
@@ -264,6 +267,20 @@ def matched_section(summary):
             '|---|:---:|---:|---:|---:|---:|:---:|'] + rows + ['']
 
 
+def pairs_section(summary):
+    """Every pair of variants, row minus column, paired by seed; bold where the paired t-test resolves it."""
+    names = list(summary['pairs'])
+    if len(names) < 3:  # two variants: the main table says it
+        return []
+    cell = lambda d: '–' if d is None else (f"**{d['mean']:+.4f}**" if d['resolved'] else f"{d['mean']:+.4f}")
+    return ['## Every pair', '',
+            "Δ = the row's final val loss minus the column's, paired by seed (mean over seeds); bold: resolved by a "
+            "paired t-test at 95%. summary.json has each pair's std, t and interval.", '',
+            '| row − column | ' + ' | '.join(names) + ' |', '|---|' + '---:|' * len(names)] + [
+            f"| {a} | " + ' | '.join('' if a == b else cell(summary['pairs'][a][b]) for b in names) + ' |'
+            for a in names] + ['']
+
+
 def learned_section(summary):
     """Per variant and layer, every quantity each part of the layer reported about itself (model.GPT.learned)."""
     # a quantity is a number, or named numbers (e.g. an LA/MoA dictionary's entries)
@@ -332,6 +349,7 @@ def write_markdown(path, summary):
     lines += [f"{v} seed {r['seed']} stopped: it diverged after its last logged iteration, {r['iters']} (see "
               f"{r['dir']}/stopped.txt).\n"
               for v, s in summary['variants'].items() for r in s['runs'] if r['status'] != 'done']
-    lines += (lr_section(summary) if summary.get('lr') else []) + matched_section(summary) + learned_section(summary)
+    lines += (lr_section(summary) if summary.get('lr') else []) + pairs_section(summary) + matched_section(summary)
+    lines += learned_section(summary)
     lines += ['![loss curves](loss.png)', ''] + acts_section(summary)
     write_text(path, '\n'.join(lines))

@@ -6,6 +6,8 @@ import random
 import statistics
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import compare  # noqa: E402
@@ -62,3 +64,17 @@ def test_fresh_seeds_follow_the_sweeps_and_hold_the_best_rate_only(tmp_path):
         ('gelu', 2e-3, 9), ('gelu', 2e-3, 10), ('relu2', 1e-3, 9), ('relu2', 1e-3, 10)}
     grid_dirs = {r.dir for r in compare.grid_runs(cfg, comp)}
     assert not grid_dirs & {r['dir'] for r in fresh}  # the best rate's directory holds seeds no other rate's does
+
+
+def test_every_pair_is_the_paired_difference_of_its_two_variants():
+    """summary['pairs'][a][b]: a's final loss minus b's, seed by seed; the opposite pair is its negative."""
+    rng = random.Random(1)
+    loss = {(v, s): 2.0 + 0.1 * i + 0.01 * s for i, v in enumerate(('base', 'x', 'y')) for s in FRESH}
+    runs = [run(v, None, s, loss[v, s], rng) for v, s in loss]
+    head = dict(baseline='base', seeds=FRESH, variants=['base', 'x', 'y'], dataset='synthetic', settings={})
+    shapes = {v: {'params': {}, 'scale': {'flops_per_token': 1}} for v in head['variants']}
+    pairs = report.summarize(head, runs, shapes)[0]['pairs']
+    gaps = [runs[2 * len(FRESH) + i].final() - runs[len(FRESH) + i].final() for i in range(len(FRESH))]
+    assert pairs['y']['x']['mean'] == pytest.approx(statistics.fmean(gaps)) == -pairs['x']['y']['mean']
+    assert 0.09 < pairs['y']['x']['mean'] < 0.11
+    assert pairs['y']['x']['resolved'] and set(pairs['base']) == {'x', 'y'}
