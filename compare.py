@@ -29,7 +29,7 @@ from cli import RunStopped, UserError, parse_args, run_cli, split_list
 from configurator import TYPES, check, check_variants, meta_model, scale_counts, variant_settings
 from device import compile_cache_dir, resolve_device, resolve_dtype
 from progress import progress_bar
-from rundir import (HELD, LOCK, LOCK_FD_ENV, LOG, RECORD, STOPPED, TRAIN_OUT, check_writable, parse_record,
+from rundir import (HELD, LOCK, LOCK_FD_ENV, LOG, RECORD, STOPPED, TRAIN_OUT, check_writable, ctrl_c_held, parse_record,
                     try_lock_run_dir, write_json)
 from runs import FINISHED, command_line, identifies, make_run, scan
 
@@ -422,19 +422,21 @@ def write_report(cfg, comp, runs, fresh):
     shapes = {v: {'params': m.param_report(), 'scale': scale_counts(m)} for v, m in models.items()}
     if comp['grid']:
         summary, by_variant = report.summarize_sweep(head, runs, fresh, shapes, best_rates(runs), cfg['learning_rate'])
-        plots.lr(os.path.join(cfg['out_dir'], 'lr.png'), summary)
     else:
         summary, by_variant = report.summarize(head, runs, shapes)
     if summary['damaged_lines']:
         print("compare: damaged log lines set aside (not JSON records as train.py writes them): " + ', '.join(
             f"{n} in {path}" for path, n in summary['damaged_lines'].items()), file=sys.stderr)
-    plots.loss(os.path.join(cfg['out_dir'], 'loss.png'), summary, by_variant, cfg['smooth'])
-    # what each variant's activation became (its first seed, at its best rate): acts.png, and how far it moved
-    by_dir = {r.dir: r for r in runs + fresh}
-    first_seed = {v: by_dir[s['runs'][0]['dir']] for v, s in summary['variants'].items()}
-    summary['acts'] = inspect_run.compare_acts(cfg['out_dir'], first_seed, cfg['data_dir'])
-    write_json(os.path.join(cfg['out_dir'], 'summary.json'), summary)
-    report.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), summary)
+    with ctrl_c_held():  # the report's files land together: a Ctrl-C waits for the last of them
+        if comp['grid']:
+            plots.lr(os.path.join(cfg['out_dir'], 'lr.png'), summary)
+        plots.loss(os.path.join(cfg['out_dir'], 'loss.png'), summary, by_variant, cfg['smooth'])
+        # what each variant's activation became (its first seed, at its best rate): acts.png, and how far it moved
+        by_dir = {r.dir: r for r in runs + fresh}
+        first_seed = {v: by_dir[s['runs'][0]['dir']] for v, s in summary['variants'].items()}
+        summary['acts'] = inspect_run.compare_acts(cfg['out_dir'], first_seed, cfg['data_dir'])
+        write_json(os.path.join(cfg['out_dir'], 'summary.json'), summary)
+        report.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), summary)
     print('\n' + report.table(summary))
     if summary['seed_std'] is not None:
         print(f"seed std of the final val loss {summary['seed_std']:.4f}, of the paired differences "
@@ -457,9 +459,10 @@ def run_ladder(cfg):
     if cfg['plan']:  # the runs of every size are listed; the ladder's report waits for them
         return
     lad = ladder.summarize(cfg, sizes, summaries)
-    write_json(os.path.join(cfg['out_dir'], 'summary.json'), lad)
-    ladder.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), lad)
-    plots.ladder(os.path.join(cfg['out_dir'], 'ladder.png'), lad)
+    with ctrl_c_held():
+        write_json(os.path.join(cfg['out_dir'], 'summary.json'), lad)
+        ladder.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), lad)
+        plots.ladder(os.path.join(cfg['out_dir'], 'ladder.png'), lad)
     print(f"wrote the ladder's summary.md, summary.json and ladder.png into {cfg['out_dir']}", file=sys.stderr)
 
 

@@ -66,6 +66,38 @@ def test_readme_results_table_is_the_shipped_summary():
                 assert (text.strip('*'), resolved) == (signed(d), 'yes' if d['resolved'] else 'no'), v
 
 
+PAPERS = {'PolyCom': 'ablate_polycom', 'MoA': 'ablate_moa'}  # README's paper column -> its ablation's results/
+
+
+def claim_verdict(predicts, summary, compared):
+    """(the finding as README shows it, resolved?, agrees?) of one claim against a shipped summary. compared: 'a − b'
+    (a paired Δ of final losses) or 'best rate a / b'; predicts: '< 0' (a beats b), '≈ 0' (nothing clear), or '≥ 1.5'
+    (a's best rate at least 1.5x b's)."""
+    if compared.startswith('best rate '):
+        a, b = compared.removeprefix('best rate ').replace('`', '').split(' / ')
+        ratio = summary['lr'][a]['best'] / summary['lr'][b]['best']
+        return f"{ratio:.3g}x", '', 'yes' if ratio >= float(predicts.split()[-1]) else 'no'
+    a, b = compared.replace('`', '').split(' − ')
+    d = summary['pairs'][a][b]
+    found = f"{d['mean']:+.3f} ± {d['std']:.3f}".replace('-', '−')
+    if predicts == '≈ 0':
+        return found, 'yes' if d['resolved'] else 'no', 'no' if d['resolved'] else 'yes'
+    return found, 'yes' if d['resolved'] else 'no', ('no' if d['mean'] > 0 else 'yes') if d['resolved'] else 'unresolved'
+
+
+def test_readme_claims_table_is_the_shipped_ablations():
+    """Each row of README's table of the papers' claims says what its ablation's summary.json holds, and whether it
+    agrees follows from the claim's prediction: a resolved Δ of the predicted sign agrees, of the other sign disagrees,
+    an unresolved one is 'unresolved' (a claim of no clear difference agrees when unresolved)."""
+    section = (ROOT / 'README.md').read_text(encoding='utf-8').split("## The papers' claims, put through nanoFFN")[1]
+    lines = [l for l in section.split('\n## ')[0].splitlines() if l.startswith('| ') and not l.startswith('| paper')]
+    rows = [[cell.strip() for cell in l.strip().strip('|').split('|')] for l in lines]
+    assert {r[0] for r in rows} == set(PAPERS) and len(rows) >= 8
+    for paper, claim, compared, predicts, found, resolved, agrees in rows:
+        summary = json.loads((ROOT / 'results' / PAPERS[paper] / 'summary.json').read_text(encoding='utf-8'))
+        assert (found.strip('*'), resolved, agrees) == claim_verdict(predicts, summary, compared), claim
+
+
 def imports(path):
     tree = ast.parse(path.read_text())
     return {alias.name.split('.')[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names} | \
