@@ -11,6 +11,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -451,3 +452,21 @@ def test_a_sweep_on_the_command_line_replaces_the_config_files():
     assert compare.learning_rates(compare.settings(['--lrs=2e-3,4e-3'])) == [2e-3, 4e-3]
     with pytest.raises(UserError, match='give one of them'):  # both on the command line: which one is meant?
         compare.learning_rates(compare.settings(['--lr_grid=1', '--lrs=1e-3,2e-3']))
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_report_is_written_ends_quietly_and_leaves_it_whole(compared):
+    """A rerun of a finished comparison only writes its report: Ctrl-C at any moment of it ends with 'interrupted.'
+    and status 130 (or 0 if it came too late), no traceback, and the summary as it was (the same runs: the same one)."""
+    import signal
+    argv, out, _ = compared
+    before = {name: open(os.path.join(out, name), 'rb').read() for name in ('summary.json', 'summary.md')}
+    for delay in (0.3, 0.8, 1.3, 1.8, 2.3, 2.8, 3.3, 3.8):
+        p = subprocess.Popen([sys.executable, os.path.join(REPO, 'compare.py'), *argv], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=300)
+        assert p.returncode in (0, 130) and 'Traceback' not in err, (delay, p.returncode, err)
+        assert p.returncode == 0 or err.rstrip().endswith('interrupted.'), err
+        assert {name: open(os.path.join(out, name), 'rb').read() for name in before} == before
