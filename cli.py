@@ -29,10 +29,15 @@ class RunStopped(Exception):
 
 
 _TYPE_NAMES = {bool: 'a bool (True/False)', int: 'an int', float: 'a float', str: 'a string'}
+INT_RANGE = 2**63  # every int a command takes goes into int64 (torch, numpy) or the log's JSON, read back as such
 
 
 def coerce(key, value, want, default, where):
     """Return `value` (a Python object) as type `want`, or raise UserError."""
+    if isinstance(value, int) and not -INT_RANGE <= value < INT_RANGE:  # also float(10**400) would overflow
+        raise UserError(f"{where}{key} must lie within -2**63 and 2**63 - 1, got an int of {value.bit_length()} bits.")
+    if isinstance(value, str) and '\0' in value:  # no file name or path can hold one, and argv cannot carry one
+        raise UserError(f"{where}{key} holds a NUL character (\\0); remove it.")
     if default is None and (value is None or str(value).strip().lower() == 'auto'):  # a config file's 'auto' too
         return None
     if want is bool and isinstance(value, str) and value.lower() in ('true', 'false', '1', '0'):
@@ -47,7 +52,7 @@ def coerce(key, value, want, default, where):
         return float(value)
     if want is str and isinstance(value, str):
         return value
-    shown = value if isinstance(value, str) else repr(value)
+    shown = value if isinstance(value, str) else f'a {type(value).__name__}' if callable(value) else repr(value)
     raise UserError(f"{where}{key} expects {_TYPE_NAMES.get(want, want.__name__)} (default "
                     f"{'auto' if default is None else repr(default)}), got '{shown}'.")
 
@@ -100,8 +105,8 @@ def _run_config_file(path, config, defaults, types, given):
     targets = [t for node in assigns for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
     assigned = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
     for key, value in scope.items():
-        if key.startswith('_') or callable(value) or type(value).__name__ == 'module':
-            continue
+        if key.startswith('_') or key not in defaults and (callable(value) or type(value).__name__ == 'module'):
+            continue  # the file's own helpers and imports; a known key's value must be of its type, whatever it is
         if key not in defaults:
             raise _unknown_key(key, list(defaults), f"{path}: ")
         if key in assigned or value is not config[key]:

@@ -6,12 +6,15 @@ files set them is cli.py.
 import dataclasses
 import math
 import os
+from decimal import Decimal
 
 import torch
 
+import device
 from activations import VARIANTS, check_variant, make_activations
-from cli import UserError, split_list
-from model import GPTConfig
+from cli import UserError, coerce, split_list
+from model import GPT, GPTConfig
+from rundir import model_state, read_json
 
 TRAIN_DEFAULTS = dict(
     # I/O
@@ -85,6 +88,51 @@ def model_config(settings):
         raise UserError(f"{str(e).rstrip('.')}.") from None
 
 
+def dataset_vocab(dataset, data_dir):
+    """The vocab_size in a prepared dataset's meta.json; 0 where it cannot be read (the loader says why)."""
+    vocab = (read_json(os.path.join(data_dir, dataset, 'meta.json')) or {}).get('vocab_size')
+    return vocab if type(vocab) is int and vocab > 0 else 0
+
+
+def meta_model(settings, data_dir):
+    """A run's GPT on the meta device (shapes, no memory); vocab_size 0 is the dataset's (its meta.json)."""
+    with torch.device('meta'):
+        return GPT(model_config({**settings, 'vocab_size': settings['vocab_size'] or
+                                 dataset_vocab(settings['dataset'], data_dir)}))
+
+
+def min_params(c):
+    """A lower bound of GPT(c)'s parameters from its settings alone: the token embedding (tied to the output layer),
+    a learned position table, each block's attention (4d²) and FFN matrices (2dm, gated 3dm; an MoE layer's E experts
+    of width moe_hidden and its router); norms, biases and activation extras are left out."""
+    d, L, mats = c.n_embd, c.n_layer, 3 if VARIANTS[c.ffn].gated else 2
+    moe = len(range(0, L, c.moe_every)) if c.n_expert else 0
+    return (d * (c.padded_vocab_size + c.block_size * (c.pos == 'learned')) + 4 * d * d * L
+            + (L - moe) * mats * d * c.ffn_hidden + moe * c.n_expert * d * (mats * c.moe_hidden + 1))
+
+
+def check_memory(cfg, c):
+    """Refuse a run that cannot fit in its device's memory before anything is allocated. It needs at least 16 bytes a
+    parameter (fp32 weights, gradients and AdamW's two moments; min_params), RoPE's fp32 tables (cos and sin,
+    block_size x head size / 2, in every layer) and what a batch certainly holds: its fp32 logits and the int64
+    validation windows (inputs and targets)."""
+    try:
+        where = device.resolve_device(cfg['device'])
+    except UserError:  # not a device of this machine (compare.py --plan for another): the run says so where it runs
+        return
+    model = 16 * min_params(c) + (4 * c.n_layer * c.block_size * (c.n_embd // c.n_head) if c.pos == 'rope' else 0)
+    batch = cfg['batch_size'] * cfg['block_size'] * (4 * c.padded_vocab_size + 16 * cfg['eval_iters'])
+    if model + batch > (have := device.memory_bytes(where)):
+        gb = lambda n: f"{Decimal(n) / 10**9:.3g} GB"  # Decimal: the sizes can be ints beyond any float
+        lower = ('n_layer, n_embd, ffn_mult, n_expert or vocab_size' if model > batch else
+                 'batch_size, block_size or eval_iters')
+        raise UserError(f"this run needs at least {gb(model + batch)} of memory: {gb(model)} for a model of at least "
+                        f"{Decimal(min_params(c)):.3g} parameters (16 bytes each: fp32 weights, gradients and AdamW's "
+                        f"two moments) and RoPE's tables, {gb(batch)} for a batch's logits and the validation windows; "
+                        f"{'this machine' if where in ('cpu', 'mps') else 'the GPU ' + where} has {gb(have)}, so "
+                        f"lower {lower}.")
+
+
 def check(cfg):
     """Catch the mistakes a run's settings can make, before anything is built or written."""
     for key, choices in (('init_from', ('scratch', 'resume')), ('schedule', ('cosine', 'wsd', 'constant')),
@@ -99,12 +147,13 @@ def check(cfg):
                 'log_interval', 'n_layer', 'n_head', 'n_embd'):
         if cfg[key] < 1:
             raise UserError(f"--{key} must be at least 1, got {cfg[key]}.")
-    for key in ('max_iters', 'warmup_iters', 'lr_decay_iters'):
+    for key in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'vocab_size'):
         if cfg[key] < 0:
             raise UserError(f"--{key} must not be negative, got {cfg[key]}.")
     if not 0.0 <= cfg['decay_frac'] <= 1.0:
         raise UserError(f"--decay_frac must be between 0 and 1, got {cfg['decay_frac']}.")
-    for key in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'):
+    for key in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops', 'aux_loss_weight',
+                'z_loss_weight'):
         if not (math.isfinite(cfg[key]) and cfg[key] >= 0):  # `not >=` also catches NaN
             raise UserError(f"--{key} must be a finite number >= 0, got {cfg[key]}.")
     for key in ('beta1', 'beta2'):  # AdamW's moment decay rates (Loshchilov & Hutter 2019) lie in [0, 1)
@@ -112,8 +161,10 @@ def check(cfg):
             raise UserError(f"--{key} must be in [0, 1), got {cfg[key]}.")
     if not 0 <= cfg['seed'] <= MAX_SEED:
         raise UserError(f"--seed must be between 0 and {MAX_SEED}, got {cfg['seed']}.")
+    config = model_config({**cfg, 'vocab_size': cfg['vocab_size'] or dataset_vocab(cfg['dataset'], cfg['data_dir'])})
+    check_memory(cfg, config)
     try:  # the activation's settings (poly_order, act_dict, la_init, moa_gate) are checked as it is built
-        make_activations(model_config(cfg))
+        make_activations(config)
     except ValueError as e:
         raise UserError(f"{str(e).rstrip('.')}.") from None
     if cfg['wandb_log']:  # imported now, before a run replaces anything, and only when asked for

@@ -1,0 +1,105 @@
+"""Hostile inputs of the wrong kind or shape: settings of another type or beyond any memory, checkpoints whose content
+is not what train.py writes, log records of another shape, and a Ctrl-C while a command starts. Each ends as
+test_hostile.py's cases do (one sentence, exit status 2, no traceback, every file as it was), a record of another
+shape is set aside as a damaged line is, and a Ctrl-C at any moment ends a command with status 130."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import cli  # noqa: E402
+import compare  # noqa: E402
+import configurator  # noqa: E402
+import inspect_run  # noqa: E402
+import rundir  # noqa: E402
+import sample  # noqa: E402
+import train  # noqa: E402
+from activations import VARIANTS  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from test_hostile import TINY, call, files, message_lines, world  # noqa: E402,F401 (world: the fixture)
+
+
+def config_file(text):
+    def make(w, tmp):
+        (tmp / 'c.py').write_text(text)
+        return [str(tmp / 'c.py')]
+    return make
+
+
+def args(*a):
+    return lambda w, tmp: list(a)
+
+
+def assert_one_sentence(code, err, want_code, words):
+    lines = message_lines(err)
+    assert code == want_code and 'Traceback' not in err and len(lines) == 1, err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# settings of the wrong kind, or too big for any memory
+
+SETTINGS = [
+    ('a function for a float', train, config_file('learning_rate = lambda it: 1e-3\n'),
+     ['c.py: learning_rate expects a float', 'a function']),
+    ('a module for a string', train, config_file('import os\ndataset = os\n'), ['c.py: dataset expects a string']),
+    ('NUL in out_dir', train, config_file('out_dir = "out\\0put"\n'), ['c.py: out_dir holds a NUL']),
+    ('NUL in data_dir', train, config_file('data_dir = "da\\0ta"\n'), ['c.py: data_dir holds a NUL']),
+    ('NUL in compare.py out_dir', compare, args('--out_dir=out\0put'), ['--out_dir holds a NUL']),
+    ('NUL in compare.py data_dir', compare, config_file('data_dir = "da\\0ta"\n'), ['c.py: data_dir holds a NUL']),
+    ('int beyond 64 bits', train, args(f'--vocab_size={10**30}'), ['--vocab_size must lie within -2**63']),
+    ('int beyond 64 bits in a config file', train, config_file('vocab_size = 10**30\n'), ['c.py: vocab_size must lie']),
+    ('int beyond any float for a float', train, config_file('learning_rate = 10**400\n'), ['learning_rate must lie']),
+    ('n_embd 10**15', train, args('--n_embd=1000000000000000'), ['needs at least', 'lower n_layer, n_embd']),
+    ('vocab_size 2**62', train, args(f'--vocab_size={2**62}'), ['needs at least', 'or vocab_size']),
+    ('n_layer 10**9', train, args('--n_layer=1000000000'), ['needs at least', 'lower n_layer']),
+    ('10**9 sequences a batch', train, args('--batch_size=1000000000'), ['needs at least', 'lower batch_size']),
+    ('10**9 validation batches', train, args('--eval_iters=1000000000'), ['needs at least', 'or eval_iters']),
+    ('block_size 10**9 of RoPE tables', train, args('--block_size=1000000000', '--batch_size=1'), ['needs at least']),
+    ('an FFN wider than int64', train, args('--ffn_mult=1e300'), ['ffn_mult=1e+300', '2**63 - 1 units wide']),
+    ('negative vocab_size', train, args('--vocab_size=-1'), ['--vocab_size must not be negative']),
+    ('negative aux_loss_weight', train, args('--aux_loss_weight=-1'), ['--aux_loss_weight must be a finite']),
+    ('nan z_loss_weight', train, config_file("z_loss_weight = float('nan')\n"), ['--z_loss_weight must be a finite']),
+]
+
+
+@pytest.mark.parametrize('case,script,extra,words', SETTINGS, ids=[c[0] for c in SETTINGS])
+def test_settings_of_the_wrong_kind_or_size(case, script, extra, words, world, tmp_path, capsys):
+    base = TINY + [f'--data_dir={world.data}', f'--out_dir={tmp_path / "out"}', '--max_iters=2']
+    argv = (base if script is train else []) + extra(world, tmp_path)
+    before = files(world.root, tmp_path)
+    code, err = call(script.main, argv, capsys)
+    assert_one_sentence(code, err, 2, words)
+    assert files(world.root, tmp_path) == before and not os.path.exists(tmp_path / 'out')
+
+
+def test_a_run_that_does_not_fit_names_its_size_and_the_machines(world, tmp_path, capsys, monkeypatch):
+    """The tiny run needs 16 bytes for each of its 16,384 counted parameters, its RoPE tables, a batch's logits and the
+    validation windows, 0.000334 GB: on a device of 0.0001 GB it is refused before anything is built; here it trains."""
+    monkeypatch.setattr(configurator.device, 'memory_bytes', lambda name: 10**5)
+    argv = TINY + [f'--data_dir={world.data}', f'--out_dir={tmp_path / "out"}', '--max_iters=2']
+    code, err = call(train.main, argv, capsys)
+    assert_one_sentence(code, err, 2, ['needs at least 0.000334 GB', '1.64e+4 parameters', 'this machine has 0.0001'])
+    monkeypatch.undo()
+    assert call(train.main, argv, capsys)[0] == 0
+
+
+@pytest.mark.parametrize('variant', list(VARIANTS))
+def test_min_params_is_a_lower_bound_within_3_percent(variant):
+    """min_params counts the matrices from the settings alone; the model on the meta device has them and its norms and
+    activation extras: dense, MoE in every other block, learned positions."""
+    for extra in ({}, {'n_expert': 4, 'top_k': 2, 'moe_every': 2}, {'pos': 'learned'}):
+        settings = {**configurator.DEFAULTS, 'n_layer': 3, 'n_embd': 64, 'n_head': 2, 'vocab_size': 65,
+                    'ffn': variant, **extra}
+        exact = sum(p.numel() for p in configurator.meta_model(settings, '').parameters())
+        assert 0.97 * exact <= configurator.min_params(configurator.model_config(settings)) <= exact, extra
