@@ -175,22 +175,78 @@ def check(cfg):
                             f"({type(e).__name__}: {e}); pip install wandb, or drop --wandb_log.") from None
 
 
+# what train.py writes into ckpt.pt that its readers use (a resume, sample.py, inspect_run.py), checked as it is read
+CHECKPOINT = {'model': dict, 'optimizer': dict, 'model_args': dict, 'config': dict, 'meta': dict, 'iter_num': int,
+              'best_val_loss': (int, float), 'tokens': int, 'train_time': (int, float), 'world_size': int,
+              'rng': list, 'loader': list}
+CHECKPOINT_KEYS = {'config': STREAM_KEYS + ['data_dir'], 'model_args': MODEL_KEYS}  # the settings read from them
+
+
+def checkpoint_fault(ckpt):
+    """The first part of a loaded checkpoint that is not as CHECKPOINT says, in words; None if there is none. The
+    settings in config and model_args are made the types of their keys, as a command line's are."""
+    if not isinstance(ckpt, dict):
+        return f"it holds a {type(ckpt).__name__}"
+    for key, kind in CHECKPOINT.items():
+        if not isinstance(ckpt.get(key), kind) or isinstance(ckpt[key], bool):
+            return f"its '{key}' is " + (f"a {type(ckpt[key]).__name__}" if key in ckpt else 'missing')
+    for part, needed in CHECKPOINT_KEYS.items():
+        for key in dict.fromkeys(needed + [k for k in ckpt[part] if k in DEFAULTS]):
+            if key not in ckpt[part]:
+                return f"its {part} has no '{key}'"
+            try:
+                ckpt[part][key] = coerce(key, ckpt[part][key], TYPES.get(key, type(DEFAULTS[key])), DEFAULTS[key], '')
+            except UserError:
+                return f"its {part}['{key}'] is {ckpt[part][key]!r:.40}"
+    if not all(type(k) is str and isinstance(v, torch.Tensor) for k, v in ckpt['model'].items()):
+        return "its 'model' holds more than named tensors"
+    if not (type(ckpt['meta'].get('vocab_size')) is int and ckpt['meta']['vocab_size'] > 0):
+        return "its meta has no vocab_size"
+    if ckpt['iter_num'] < 0 or not len(ckpt['rng']) == len(ckpt['loader']) == ckpt['world_size'] > 0:
+        return "its 'iter_num' is negative" if ckpt['iter_num'] < 0 else "its 'rng' and 'loader' are not per process"
+    try:
+        model_config(ckpt['model_args'])
+    except UserError as e:
+        return f"its model_args describe no model ({str(e).rstrip('.')})"
+
+
 def load_checkpoint(out_dir, missing_hint):
-    """out_dir/ckpt.pt as written by train.py, or a UserError: `missing_hint` says what to do if there is none.
+    """out_dir/ckpt.pt as written by train.py (checkpoint_fault; its weights are checked by checkpoint_model), or a
+    UserError: `missing_hint` says what to do if there is none.
     weights_only: a checkpoint holds tensors and plain Python values only, so loading one cannot run code."""
     path = os.path.join(out_dir, 'ckpt.pt')
     if not os.path.exists(path):
         raise UserError(f"there is no checkpoint at {path}; {missing_hint}")
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True)
-        if not (set(MODEL_KEYS) <= set(ckpt['model_args']) and isinstance(ckpt['config'], dict)):
-            raise KeyError('model_args')  # e.g. nanoGPT's, which lacks this project's model keys (ffn, norm, ...)
-        ckpt['iter_num']
-        finite = all(bool(v.isfinite().all()) for v in ckpt['model'].values() if v.is_floating_point())
     except Exception as e:
         raise UserError(f"cannot read the checkpoint {path} ({type(e).__name__}); it is not a train.py checkpoint or "
                         f"it is damaged, so train the run again.") from None
-    if not finite:
+    if fault := checkpoint_fault(ckpt):
+        raise UserError(f"cannot use the checkpoint {path}: {fault}, so it is not a train.py checkpoint or it is "
+                        f"damaged; train the run again, or point --out_dir at the right run directory.")
+    if not all(bool(v.isfinite().all()) for v in ckpt['model'].values() if v.is_floating_point()):
         raise UserError(f"the checkpoint {path} (iteration {ckpt['iter_num']}) holds non-finite weights, so it "
                         f"cannot be used; train the run again with a lower learning_rate.")
     return ckpt
+
+
+def checkpoint_model(ckpt, path):
+    """The GPT a checkpoint from load_checkpoint describes (its model_args), holding its weights; a UserError naming
+    the first tensor that does not fit it (another run's weights, one missing), before any is loaded."""
+    config, weights = model_config(ckpt['model_args']), model_state(ckpt['model'])
+    unfit = lambda why: UserError(
+        f"the weights in {path} do not fit the model its model_args describe (n_layer {config.n_layer}, n_embd "
+        f"{config.n_embd}, ffn {config.ffn}): {why}; they are another run's or were changed since, so train the run "
+        f"again, or point --out_dir at the right run directory.")
+    if sum(v.numel() for v in weights.values()) < min_params(config):  # refused before building a model that big
+        raise unfit(f"they hold fewer values than its {min_params(config):,} parameters")
+    model = GPT(config)
+    wanted = model.state_dict()
+    for name in [*wanted, *(k for k in weights if k not in wanted)]:
+        got, want = (list(d[name].shape) if name in d else None for d in (weights, wanted))
+        if got != want:
+            raise unfit(f"{name} is {'missing' if got is None else got} there and "
+                        f"{'not a weight' if want is None else want} in the model")
+    model.load_state_dict(weights)
+    return model

@@ -24,10 +24,10 @@ import torch
 
 from activations import MoA, Poly, make_activations
 from cli import UserError, parse_args, run_cli
-from configurator import load_checkpoint, model_config
+from configurator import checkpoint_model, load_checkpoint
 from device import resolve_device
-from model import GPT, MoE
-from rundir import check_writable, model_state, read_log_lines, save_figure, write_json
+from model import MoE
+from rundir import check_writable, read_log_lines, save_figure, write_json
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory: ckpt.pt, log.jsonl; acts.png and acts.json are written there
@@ -127,9 +127,7 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu'):
     if bins < 2:
         raise UserError(f"--bins must be at least 2, got {bins}.")
     ckpt = load_checkpoint(out_dir, "a run writes it at its first evaluation: wait for that, or use another --out_dir.")
-    model = GPT(model_config(ckpt['model_args']))
-    model.load_state_dict(model_state(ckpt['model']))
-    model.to(device).eval()
+    model = checkpoint_model(ckpt, os.path.join(out_dir, 'ckpt.pt')).to(device).eval()
     cfg = ckpt['config']
     idx = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],
                      data_dir=data_dir or cfg['data_dir']).val_batches(1)[0][0].to(device)

@@ -103,3 +103,42 @@ def test_min_params_is_a_lower_bound_within_3_percent(variant):
                     'ffn': variant, **extra}
         exact = sum(p.numel() for p in configurator.meta_model(settings, '').parameters())
         assert 0.97 * exact <= configurator.min_params(configurator.model_config(settings)) <= exact, extra
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# checkpoints of the wrong content: the same sentence from each of their three readers
+
+
+def other_weights(ckpt):
+    ckpt['model'] = GPT(configurator.model_config({**ckpt['model_args'], 'n_embd': 64})).state_dict()
+
+
+CHECKPOINTS = [
+    ("another model's weights", other_weights,
+     ['transformer.wte.weight is [128, 64] there and [128, 32] in the model', 'n_embd 32', 'train the run again']),
+    ('a weight missing', lambda c: c['model'].pop('transformer.h.0.ffn.w_up.weight'),
+     ['transformer.h.0.ffn.w_up.weight is missing there', 'point --out_dir at the right run directory']),
+    ('a config without dataset', lambda c: c['config'].pop('dataset'), ["its config has no 'dataset'"]),
+    ('no meta', lambda c: c.pop('meta'), ["its 'meta' is missing"]),
+    ('iter_num a string', lambda c: c.update(iter_num='2'), ["its 'iter_num' is a str"]),
+    ('a setting of another type', lambda c: c['config'].update(batch_size='4'), ["its config['batch_size'] is '4'"]),
+    ('model_args of a model too big', lambda c: c['model_args'].update(n_embd=2**20),
+     ['they hold fewer values than its 13,194,273,751,040 parameters']),
+]
+READERS = {'resume': (train, lambda d: ['--init_from=resume', f'--out_dir={d}']),
+           'sample': (sample, lambda d: [f'--out_dir={d}', '--device=cpu']),
+           'inspect': (inspect_run, lambda d: [f'--out_dir={d}'])}
+
+
+@pytest.mark.parametrize('reader', list(READERS))
+@pytest.mark.parametrize('case,change,words', CHECKPOINTS, ids=[c[0] for c in CHECKPOINTS])
+def test_checkpoints_of_the_wrong_content(case, change, words, reader, world, tmp_path, capsys):
+    ckpt = torch.load(os.path.join(world.run, 'ckpt.pt'), weights_only=True)
+    change(ckpt)
+    torch.save(ckpt, tmp_path / 'ckpt.pt')
+    shutil.copy(os.path.join(world.run, 'log.jsonl'), tmp_path)
+    script, argv = READERS[reader]
+    before = files(world.root, tmp_path)
+    code, err = call(script.main, argv(tmp_path), capsys)
+    assert_one_sentence(code, err, 2, [str(tmp_path / 'ckpt.pt')] + words)
+    assert files(world.root, tmp_path) == before  # the checkpoint and the log as they were
