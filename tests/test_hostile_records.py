@@ -142,3 +142,71 @@ def test_checkpoints_of_the_wrong_content(case, change, words, reader, world, tm
     code, err = call(script.main, argv(tmp_path), capsys)
     assert_one_sentence(code, err, 2, [str(tmp_path / 'ckpt.pt')] + words)
     assert files(world.root, tmp_path) == before  # the checkpoint and the log as they were
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# log records of the wrong shape
+
+DROP = object()  # a field left out
+GOOD = {'iter': 4, 'tokens': 512, 'lr': 1e-3, 'loss': 4.0, 'val_loss': 4.1, 'val_halves': [4.0, 4.2], 'val_hash': 'ab',
+        'batch_hash': 'cd', 'mfu': None, 'act': {'layers': [{'act': {'coeffs': {'a0': 0.0, 'a1': 0.5}}}, {}]}}
+BAD = {
+    'val_halves empty': {'val_halves': []},
+    'val_halves one number': {'val_halves': [3.0]},
+    'val_halves three numbers': {'val_halves': [3.0, 3.0, 3.0]},
+    'val_halves nulls': {'val_halves': [None, None]},
+    'val_halves strings': {'val_halves': ['a', 'b']},
+    'val_halves NaN': {'val_halves': [float('nan'), 3.0]},
+    'act layers of numbers': {'act': {'layers': [1]}},
+    'act layers of nulls': {'act': {'layers': [None]}},
+    'act part a number': {'act': {'layers': [{'act': 5}]}},
+    'act coefficient a string': {'act': {'layers': [{'act': {'coeffs': {'a0': '1'}}}]}},
+    'act coefficient a bool': {'act': {'layers': [{'act': {'alpha_p': True}}]}},
+    'act coefficients nested too deep': {'act': {'layers': [{'act': {'coeffs': {'a0': {'b': 1.0}}}}]}},
+    'act without layers': {'act': {}},
+    'val_loss of 1e308': {'val_loss': 1e308},
+    'negative loss': {'loss': -1.0},
+    'lr beyond a float32': {'lr': 1e300},
+    'tokens of 10**400': {'tokens': 10**400},
+    'iter of 10**400': {'iter': 10**400},
+    'iter of 2**63': {'iter': 2**63},
+    'iter a float': {'iter': 4.0},
+    'iter a bool': {'iter': True},
+    'negative iter': {'iter': -1},
+    'no iter': {'iter': DROP},
+    'a hash that is a number': {'val_hash': 5},
+}
+
+
+@pytest.mark.parametrize('case', list(BAD))
+def test_records_of_the_wrong_shape_are_set_aside(case, tmp_path):
+    record = {k: v for k, v in {**GOOD, **BAD[case]}.items() if v is not DROP}
+    bad = json.dumps(record) + '\n'
+    assert rundir.parse_record(bad) is None
+    path = tmp_path / 'log.jsonl'
+    path.write_text(json.dumps({**GOOD, 'iter': 0}) + '\n' + bad + json.dumps(GOOD) + '\n')
+    records, damaged = rundir.read_log_lines(str(path))
+    assert [r['iter'] for r in records] == [0, 4] and damaged == [bad]
+
+
+def test_lines_the_parser_cannot_take_are_set_aside():
+    for line in ['[' * 100_000 + ']' * 100_000, '{"iter": 1' + '0' * 5000 + '}', '{"iter": 4, "ms": Infinity}']:
+        assert rundir.parse_record(line) is None
+
+
+@pytest.mark.parametrize('variant', list(VARIANTS))
+def test_what_train_py_logs_reads_back(variant):
+    """Every variant's evaluation record, with what its activations learned in a dense and an MoE block, is a record."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=65, ffn=variant, n_expert=2,
+                          moe_every=2))
+    learned = model.learned(torch.randint(65, (2, 8)))
+    line = json.dumps({**GOOD, 'ms': 12.5, 'tok_s': 1e4, 'grad_norm': 0.5, 'loss_total': 4.01, 'aux': 0.01, 'z': 1e-3,
+                       'act': learned})
+    assert rundir.parse_record(line) == json.loads(line)
+
+
+def test_a_real_run_logs_only_records(world):
+    lines = open(os.path.join(world.run, 'log.jsonl')).readlines()
+    records, damaged = rundir.read_log_lines(os.path.join(world.run, 'log.jsonl'))
+    assert damaged == [] and len(records) == len(lines) == 2 and 'val_halves' in records[-1]
