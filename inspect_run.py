@@ -14,6 +14,8 @@ each (token, chosen expert) pair). φ is evaluated at the histogram's bin centre
 (PolyNorm's norm, MoA's c(x_t)) as the median and 10-90% band over tokens. w_b = bin b's share of h; moved from init
 = sqrt(Σ_b w_b (φ(h_b) − φ_init(h_b))²), 0 at init; init_rms = sqrt(Σ_b w_b φ_init(h_b)²) gives it a scale.
 """
+from cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
+quiet_interrupt(__name__)
 import math
 import os
 import sys

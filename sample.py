@@ -8,6 +8,8 @@ Sample from a model trained by train.py, decoding with the checkpoint's own toke
 Each sample is printed as the prompt followed by max_new_tokens generated tokens, then a line of dashes.
 Status messages go to stderr, so stdout holds only the samples.
 """
+from cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
+quiet_interrupt(__name__)
 import os
 import sys
 

@@ -22,6 +22,8 @@ Worth knowing:
   or a file cannot be written; a checkpoint only ever holds finite weights. NANOFFN_NAN_AT=k makes iteration k's
   loss NaN.
 """
+from cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
+quiet_interrupt(__name__)
 import hashlib
 import json
 import math

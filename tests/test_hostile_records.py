@@ -210,3 +210,46 @@ def test_a_real_run_logs_only_records(world):
     lines = open(os.path.join(world.run, 'log.jsonl')).readlines()
     records, damaged = rundir.read_log_lines(os.path.join(world.run, 'log.jsonl'))
     assert damaged == [] and len(records) == len(lines) == 2 and 'val_halves' in records[-1]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Ctrl-C at the edges
+
+
+def test_main_gets_python_ctrl_c_and_the_rest_the_quiet_one():
+    """quiet_interrupt holds until run_cli starts main, which gets Python's KeyboardInterrupt (a run stops cleanly),
+    and is back once main is done; a module imported rather than run, or a SIGINT ignored, is left alone."""
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        cli.quiet_interrupt('train')
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        cli.quiet_interrupt('__main__')
+        assert signal.getsignal(signal.SIGINT) is cli._interrupted
+        assert cli.run_cli(lambda argv: signal.getsignal(signal.SIGINT), []) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is cli._interrupted
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        cli.quiet_interrupt('__main__')
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.skipif(not os.path.exists('/proc/self/maps'), reason='watches the import of torch in /proc')
+@pytest.mark.parametrize('script', ['train.py', 'compare.py', 'sample.py', 'inspect_run.py'])
+def test_ctrl_c_while_a_command_imports_torch(script, tmp_path):
+    """SIGINT as soon as the command has begun to load libtorch, in the middle of `import torch`: status 130, one
+    line. The child takes SIGINT as in a terminal (a shell's background job would ignore it)."""
+    p = subprocess.Popen([sys.executable, script, f'--out_dir={tmp_path}'], cwd=ROOT, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.time() + 60
+        while 'libtorch' not in open(f'/proc/{p.pid}/maps').read():
+            assert p.poll() is None and time.time() < deadline, p.communicate()
+            time.sleep(0.005)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()  # a command the signal missed would go on to train
+    assert (p.returncode, err, out) == (130, 'interrupted.\n', '')
