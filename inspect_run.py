@@ -39,6 +39,7 @@ DEFAULTS = dict(
 )
 RANGE = (0.5, 99.5)  # percentiles of h that set the drawn range
 BAND = (10, 50, 90)  # percentiles over tokens: band low, median, band high
+MAX_BINS = 1000  # already more than a panel's 430 pixels; φ is evaluated at every bin for every token
 BRANCH_LABELS = {'act': 'φ', 'act_up': 'φ_up (up branch)'}
 
 
@@ -126,8 +127,8 @@ def history(log, n_layer):
 def inspect(out_dir, data_dir='', bins=100, device='cpu'):
     """The numbers behind a run's acts.png (the content of acts.json), from its checkpoint and its log."""
     from data.loader import DataLoader
-    if bins < 2:
-        raise UserError(f"--bins must be at least 2, got {bins}.")
+    if not 2 <= bins <= MAX_BINS:
+        raise UserError(f"--bins must be between 2 and {MAX_BINS}, got {bins}.")
     ckpt = load_checkpoint(out_dir, "a run writes it at its first evaluation: wait for that, or use another --out_dir.")
     model = checkpoint_model(ckpt, os.path.join(out_dir, 'ckpt.pt')).to(device).eval()
     cfg = ckpt['config']

@@ -70,6 +70,8 @@ SETTINGS = [
     ('negative vocab_size', train, args('--vocab_size=-1'), ['--vocab_size must not be negative']),
     ('negative aux_loss_weight', train, args('--aux_loss_weight=-1'), ['--aux_loss_weight must be a finite']),
     ('nan z_loss_weight', train, config_file("z_loss_weight = float('nan')\n"), ['--z_loss_weight must be a finite']),
+    ('10**12 histogram bins', inspect_run, lambda w, tmp: [f'--out_dir={w.run}', '--bins=1000000000000'],
+     ['--bins must be between 2 and 1000']),
 ]
 
 
