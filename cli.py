@@ -5,17 +5,20 @@ can act on, each ending the command with one sentence.
     python train.py [config/FILE.py ...] [--key=value ...]
 
 A config file is plain Python, exec'd with the current settings in scope (so it may write `lr_decay_iters =
-max_iters`); every public name it assigns must be a known key (names starting with '_' are its own helpers). Then each
---key=value override is applied in order. A value must have the type of the key's default: an int key takes 12 or 1e4
-but not 3.5 (never silently truncated), a float key 3 or 6e-4, a bool key True/False (--key alone means True), a str
-key the text as written. A key whose default is None means "auto" and also takes the word auto.
+max_iters`); every public name it assigns must be a known key (names starting with '_', and functions and modules of
+other names, are its own helpers). Then each --key=value override is applied in order. A value must have the type of
+the key's default: an int key takes 12 or 1e4 but not 3.5 (never silently truncated), a float key 3 or 6e-4, a bool
+key True/False (--key alone means True), a str key the text as written (no NUL character); an int is one of 64 bits.
+A key whose default is None means "auto" and also takes the word auto.
 
 A mistake raises UserError with one sentence; run_cli(main) prints it on stderr and exits with status 2, no traceback.
-A run that has to stop raises RunStopped (exit status 3); Ctrl-C exits with 130.
+A run that has to stop raises RunStopped (exit status 3); Ctrl-C exits with 130, also while a command imports torch
+(quiet_interrupt). Only the standard library is imported here, so that a command can call it first.
 """
 import ast
 import difflib
 import os
+import signal
 import sys
 import textwrap
 
@@ -29,10 +32,15 @@ class RunStopped(Exception):
 
 
 _TYPE_NAMES = {bool: 'a bool (True/False)', int: 'an int', float: 'a float', str: 'a string'}
+INT_RANGE = 2**63  # every int a command takes goes into int64 (torch, numpy) or the log's JSON, read back as such
 
 
 def coerce(key, value, want, default, where):
     """Return `value` (a Python object) as type `want`, or raise UserError."""
+    if isinstance(value, int) and not -INT_RANGE <= value < INT_RANGE:  # also float(10**400) would overflow
+        raise UserError(f"{where}{key} must lie within -2**63 and 2**63 - 1, got an int of {value.bit_length()} bits.")
+    if isinstance(value, str) and '\0' in value:  # no file name or path can hold one, and argv cannot carry one
+        raise UserError(f"{where}{key} holds a NUL character (\\0); remove it.")
     if default is None and (value is None or str(value).strip().lower() == 'auto'):  # a config file's 'auto' too
         return None
     if want is bool and isinstance(value, str) and value.lower() in ('true', 'false', '1', '0'):
@@ -47,7 +55,7 @@ def coerce(key, value, want, default, where):
         return float(value)
     if want is str and isinstance(value, str):
         return value
-    shown = value if isinstance(value, str) else repr(value)
+    shown = value if isinstance(value, str) else f'a {type(value).__name__}' if callable(value) else repr(value)
     raise UserError(f"{where}{key} expects {_TYPE_NAMES.get(want, want.__name__)} (default "
                     f"{'auto' if default is None else repr(default)}), got '{shown}'.")
 
@@ -100,8 +108,8 @@ def _run_config_file(path, config, defaults, types, given):
     targets = [t for node in assigns for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
     assigned = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
     for key, value in scope.items():
-        if key.startswith('_') or callable(value) or type(value).__name__ == 'module':
-            continue
+        if key.startswith('_') or key not in defaults and (callable(value) or type(value).__name__ == 'module'):
+            continue  # the file's own helpers and imports; a known key's value must be of its type, whatever it is
         if key not in defaults:
             raise _unknown_key(key, list(defaults), f"{path}: ")
         if key in assigned or value is not config[key]:
@@ -158,10 +166,27 @@ def split_list(text):
     return [part.strip() for part in text.split(',') if part.strip()]
 
 
+def _interrupted(signum, frame):
+    os.write(2, b'interrupted.\n')
+    os._exit(130)  # at once: a SystemExit raised inside an import being run could be caught or printed on the way out
+
+
+def quiet_interrupt(name):
+    """Ctrl-C ends the command at once with 'interrupted.' and status 130 until run_cli starts main, and again once
+    main is done: a command's first statement (`quiet_interrupt(__name__)`), before it imports torch for seconds. Only
+    for a script run as a command, and not where SIGINT is ignored (nohup, a shell's background job)."""
+    if name == '__main__' and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted)
+
+
 def run_cli(main, argv=None):
     """Run main(argv); a UserError becomes 'error: message' on stderr with exit status 2 (no traceback), a RunStopped
-    'stopped: message' with status 3, Ctrl-C 'interrupted.' with status 130, a closed stdout pipe quietly 141."""
+    'stopped: message' with status 3, Ctrl-C 'interrupted.' with status 130, a closed stdout pipe quietly 141. Within
+    main, Ctrl-C is Python's KeyboardInterrupt (a run saves nothing half-written, then stops)."""
+    quiet = signal.getsignal(signal.SIGINT) is _interrupted
     try:
+        if quiet:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         return main(sys.argv[1:] if argv is None else argv)
     except UserError as e:
         message, status = f"error: {e}", 2
@@ -172,6 +197,9 @@ def run_cli(main, argv=None):
     except BrokenPipeError:  # stdout's reader stopped reading (`| head`): end quietly, as a shell tool does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
         sys.exit(141)
+    finally:
+        if quiet:  # the exit (torch's and wandb's handlers at shutdown) is as quiet as the start
+            signal.signal(signal.SIGINT, _interrupted)
     sys.stdout.flush()
     print(' '.join(message.split()), file=sys.stderr)  # one line, whatever the message held
     sys.exit(status)

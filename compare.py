@@ -11,6 +11,8 @@ Each run is a plain train.py run in its own directory (runs.py). The same comman
 runs, resumes cut-off ones and refuses other settings unless --overwrite=True. Writes summary.md, summary.json, loss.png
 and acts.png into out_dir (a ladder: each size's in out_dir/<size>/, then its own), the table on stdout.
 """
+from cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
+quiet_interrupt(__name__)
 import contextlib
 import os
 import signal

@@ -6,13 +6,15 @@ files set them is cli.py.
 import dataclasses
 import math
 import os
+from decimal import Decimal
 
 import torch
 
+import device
 from activations import VARIANTS, check_variant, make_activations
-from cli import UserError, parse_args, split_list
+from cli import UserError, coerce, parse_args, split_list
 from model import GPT, GPTConfig
-from rundir import read_json
+from rundir import model_state, read_json
 
 TRAIN_DEFAULTS = dict(
     # I/O
@@ -101,14 +103,49 @@ def model_config(settings):
         raise UserError(f"{str(e).rstrip('.')}.") from None
 
 
+def dataset_vocab(dataset, data_dir):
+    """The vocab_size in a prepared dataset's meta.json; 0 where it cannot be read (the loader says why)."""
+    vocab = (read_json(os.path.join(data_dir, dataset, 'meta.json')) or {}).get('vocab_size')
+    return vocab if type(vocab) is int and vocab > 0 else 0
+
+
 def meta_model(settings, data_dir):
-    """A run's model on the meta device (no memory, no init time); vocab_size 0 is the dataset's (its meta.json)."""
-    settings = dict(settings)
-    if not settings['vocab_size']:
-        meta = read_json(os.path.join(data_dir, settings['dataset'], 'meta.json')) or {}
-        settings['vocab_size'] = meta.get('vocab_size', 0)
+    """A run's GPT on the meta device (shapes, no memory); vocab_size 0 is the dataset's (its meta.json)."""
     with torch.device('meta'):
-        return GPT(model_config(settings))
+        return GPT(model_config({**settings, 'vocab_size': settings['vocab_size'] or
+                                 dataset_vocab(settings['dataset'], data_dir)}))
+
+
+def min_params(c):
+    """A lower bound of GPT(c)'s parameters from its settings alone: the token embedding (tied to the output layer),
+    a learned position table, each block's attention (4d²) and FFN matrices (2dm, gated 3dm; an MoE layer's E experts
+    of width moe_hidden and its router); norms, biases and activation extras are left out."""
+    d, L, mats = c.n_embd, c.n_layer, 3 if VARIANTS[c.ffn].gated else 2
+    moe = len(range(0, L, c.moe_every)) if c.n_expert else 0
+    return (d * (c.padded_vocab_size + c.block_size * (c.pos == 'learned')) + 4 * d * d * L
+            + (L - moe) * mats * d * c.ffn_hidden + moe * c.n_expert * d * (mats * c.moe_hidden + 1))
+
+
+def check_memory(cfg, c):
+    """Refuse a run that cannot fit in its device's memory before anything is allocated. It needs at least 16 bytes a
+    parameter (fp32 weights, gradients and AdamW's two moments; min_params), RoPE's fp32 tables (cos and sin,
+    block_size x head size / 2, in every layer) and what a batch certainly holds: its fp32 logits and the int64
+    validation windows (inputs and targets)."""
+    try:
+        where = device.resolve_device(cfg['device'])
+    except UserError:  # not a device of this machine (compare.py --plan for another): the run says so where it runs
+        return
+    model = 16 * min_params(c) + (4 * c.n_layer * c.block_size * (c.n_embd // c.n_head) if c.pos == 'rope' else 0)
+    batch = cfg['batch_size'] * cfg['block_size'] * (4 * c.padded_vocab_size + 16 * cfg['eval_iters'])
+    if model + batch > (have := device.memory_bytes(where)):
+        gb = lambda n: f"{Decimal(n) / 10**9:.3g} GB"  # Decimal: the sizes can be ints beyond any float
+        lower = ('n_layer, n_embd, ffn_mult, n_expert or vocab_size' if model > batch else
+                 'batch_size, block_size or eval_iters')
+        raise UserError(f"this run needs at least {gb(model + batch)} of memory: {gb(model)} for a model of at least "
+                        f"{Decimal(min_params(c)):.3g} parameters (16 bytes each: fp32 weights, gradients and AdamW's "
+                        f"two moments) and RoPE's tables, {gb(batch)} for a batch's logits and the validation windows; "
+                        f"{'this machine' if where in ('cpu', 'mps') else 'the GPU ' + where} has {gb(have)}, so "
+                        f"lower {lower}.")
 
 
 def scale_counts(model):
@@ -133,12 +170,13 @@ def check(cfg):
                 'log_interval', 'n_layer', 'n_head', 'n_embd'):
         if cfg[key] < 1:
             raise UserError(f"--{key} must be at least 1, got {cfg[key]}.")
-    for key in ('max_iters', 'warmup_iters', 'lr_decay_iters'):
+    for key in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'vocab_size'):
         if cfg[key] < 0:
             raise UserError(f"--{key} must not be negative, got {cfg[key]}.")
     if not 0.0 <= cfg['decay_frac'] <= 1.0:
         raise UserError(f"--decay_frac must be between 0 and 1, got {cfg['decay_frac']}.")
-    for key in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'):
+    for key in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops', 'aux_loss_weight',
+                'z_loss_weight'):
         if not (math.isfinite(cfg[key]) and cfg[key] >= 0):  # `not >=` also catches NaN
             raise UserError(f"--{key} must be a finite number >= 0, got {cfg[key]}.")
     for key in ('beta1', 'beta2'):  # AdamW's moment decay rates (Loshchilov & Hutter 2019) lie in [0, 1)
@@ -146,8 +184,10 @@ def check(cfg):
             raise UserError(f"--{key} must be in [0, 1), got {cfg[key]}.")
     if not 0 <= cfg['seed'] <= MAX_SEED:
         raise UserError(f"--seed must be between 0 and {MAX_SEED}, got {cfg['seed']}.")
+    config = model_config({**cfg, 'vocab_size': cfg['vocab_size'] or dataset_vocab(cfg['dataset'], cfg['data_dir'])})
+    check_memory(cfg, config)
     try:  # the activation's settings (poly_order, act_dict, la_init, moa_gate) are checked as it is built
-        make_activations(model_config(cfg))
+        make_activations(config)
     except ValueError as e:
         raise UserError(f"{str(e).rstrip('.')}.") from None
     if cfg['wandb_log']:  # imported now, before a run replaces anything, and only when asked for
@@ -158,22 +198,80 @@ def check(cfg):
                             f"({type(e).__name__}: {e}); pip install wandb, or drop --wandb_log.") from None
 
 
+# what train.py writes into ckpt.pt that its readers use (a resume, sample.py, inspect_run.py), checked as it is read
+CHECKPOINT = {'model': dict, 'optimizer': dict, 'model_args': dict, 'config': dict, 'meta': dict, 'iter_num': int,
+              'best_val_loss': (int, float), 'tokens': int, 'train_time': (int, float), 'world_size': int,
+              'rng': list, 'loader': list}
+CHECKPOINT_KEYS = {'config': STREAM_KEYS + ['data_dir'], 'model_args': MODEL_KEYS}  # the settings read from them
+
+
+def checkpoint_fault(ckpt):
+    """The first part of a loaded checkpoint that is not as CHECKPOINT says, in words; None if there is none. The
+    settings in config and model_args are made the types of their keys, as a command line's are."""
+    if not isinstance(ckpt, dict):
+        return f"it holds a {type(ckpt).__name__}"
+    for key, kind in CHECKPOINT.items():
+        if not isinstance(ckpt.get(key), kind) or isinstance(ckpt[key], bool):
+            return f"its '{key}' is " + (f"a {type(ckpt[key]).__name__}" if key in ckpt else 'missing')
+    for part, needed in CHECKPOINT_KEYS.items():
+        for key in dict.fromkeys(needed + [k for k in ckpt[part] if k in DEFAULTS]):
+            if key not in ckpt[part]:
+                return f"its {part} has no '{key}'"
+            try:
+                ckpt[part][key] = coerce(key, ckpt[part][key], TYPES.get(key, type(DEFAULTS[key])), DEFAULTS[key], '')
+            except UserError:
+                return f"its {part}['{key}'] is {ckpt[part][key]!r:.40}"
+    if type(ckpt.get('compiled', False)) is not bool:  # read by a comparison's report (times compiled or eager)
+        return f"its 'compiled' is a {type(ckpt['compiled']).__name__}"
+    if not all(type(k) is str and isinstance(v, torch.Tensor) for k, v in ckpt['model'].items()):
+        return "its 'model' holds more than named tensors"
+    if not (type(ckpt['meta'].get('vocab_size')) is int and ckpt['meta']['vocab_size'] > 0):
+        return "its meta has no vocab_size"
+    if ckpt['iter_num'] < 0 or not len(ckpt['rng']) == len(ckpt['loader']) == ckpt['world_size'] > 0:
+        return "its 'iter_num' is negative" if ckpt['iter_num'] < 0 else "its 'rng' and 'loader' are not per process"
+    try:
+        model_config(ckpt['model_args'])
+    except UserError as e:
+        return f"its model_args describe no model ({str(e).rstrip('.')})"
+
+
 def load_checkpoint(out_dir, missing_hint):
-    """out_dir/ckpt.pt as written by train.py, or a UserError: `missing_hint` says what to do if there is none.
+    """out_dir/ckpt.pt as written by train.py (checkpoint_fault; its weights are checked by checkpoint_model), or a
+    UserError: `missing_hint` says what to do if there is none.
     weights_only: a checkpoint holds tensors and plain Python values only, so loading one cannot run code."""
     path = os.path.join(out_dir, 'ckpt.pt')
     if not os.path.exists(path):
         raise UserError(f"there is no checkpoint at {path}; {missing_hint}")
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True)
-        if not (set(MODEL_KEYS) <= set(ckpt['model_args']) and isinstance(ckpt['config'], dict)):
-            raise KeyError('model_args')  # e.g. nanoGPT's, which lacks this project's model keys (ffn, norm, ...)
-        ckpt['iter_num']
-        finite = all(bool(v.isfinite().all()) for v in ckpt['model'].values() if v.is_floating_point())
     except Exception as e:
         raise UserError(f"cannot read the checkpoint {path} ({type(e).__name__}); it is not a train.py checkpoint or "
                         f"it is damaged, so train the run again.") from None
-    if not finite:
+    if fault := checkpoint_fault(ckpt):
+        raise UserError(f"cannot use the checkpoint {path}: {fault}, so it is not a train.py checkpoint or it is "
+                        f"damaged; train the run again, or point --out_dir at the right run directory.")
+    if not all(bool(v.isfinite().all()) for v in ckpt['model'].values() if v.is_floating_point()):
         raise UserError(f"the checkpoint {path} (iteration {ckpt['iter_num']}) holds non-finite weights, so it "
                         f"cannot be used; train the run again with a lower learning_rate.")
     return ckpt
+
+
+def checkpoint_model(ckpt, path):
+    """The GPT a checkpoint from load_checkpoint describes (its model_args), holding its weights; a UserError naming
+    the first tensor that does not fit it (another run's weights, one missing), before any is loaded."""
+    config, weights = model_config(ckpt['model_args']), model_state(ckpt['model'])
+    unfit = lambda why: UserError(
+        f"the weights in {path} do not fit the model its model_args describe (n_layer {config.n_layer}, n_embd "
+        f"{config.n_embd}, ffn {config.ffn}): {why}; they are another run's or were changed since, so train the run "
+        f"again, or point --out_dir at the right run directory.")
+    if sum(v.numel() for v in weights.values()) < min_params(config):  # refused before building a model that big
+        raise unfit(f"they hold fewer values than its {min_params(config):,} parameters")
+    model = GPT(config)
+    wanted = model.state_dict()
+    for name in [*wanted, *(k for k in weights if k not in wanted)]:
+        got, want = (list(d[name].shape) if name in d else None for d in (weights, wanted))
+        if got != want:
+            raise unfit(f"{name} is {'missing' if got is None else got} there and "
+                        f"{'not a weight' if want is None else want} in the model")
+    model.load_state_dict(weights)
+    return model

@@ -34,6 +34,14 @@ def resolve_device(name):
     return name
 
 
+def memory_bytes(name):
+    """The most memory a run on device `name` (as resolve_device gives it) can have: a CUDA GPU's total (what is free
+    depends on what else runs there), else this machine's physical memory, which MPS shares."""
+    if name.startswith('cuda'):
+        return torch.cuda.get_device_properties(name).total_memory
+    return os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+
+
 def resolve_dtype(name, device_type):
     """'auto' is bfloat16 on a CUDA GPU that supports it, float32 elsewhere."""
     if name == 'auto':

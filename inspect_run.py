@@ -14,6 +14,8 @@ each (token, chosen expert) pair). φ is evaluated at the histogram's bin centre
 (PolyNorm's norm, MoA's c(x_t)) as the median and 10-90% band over tokens. w_b = bin b's share of h; moved from init
 = sqrt(Σ_b w_b (φ(h_b) − φ_init(h_b))²), 0 at init; init_rms = sqrt(Σ_b w_b φ_init(h_b)²) gives it a scale.
 """
+from cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
+quiet_interrupt(__name__)
 import math
 import os
 import sys
@@ -24,10 +26,10 @@ import torch
 
 from activations import make_activations
 from cli import UserError, parse_args, run_cli
-from configurator import load_checkpoint, model_config
+from configurator import checkpoint_model, load_checkpoint
 from device import resolve_device
-from model import GPT, MoE
-from rundir import LOG, check_writable, model_state, read_log_lines, save_figure, write_json
+from model import MoE
+from rundir import CKPT, LOG, check_writable, read_log_lines, save_figure, write_json
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory: ckpt.pt, log.jsonl; acts.png and acts.json are written there
@@ -37,6 +39,7 @@ DEFAULTS = dict(
 )
 RANGE = (0.5, 99.5)  # percentiles of h that set the drawn range
 BAND = (10, 50, 90)  # percentiles over tokens: band low, median, band high
+MAX_BINS = 1000  # already more than a panel's 430 pixels; φ is evaluated at every bin for every token
 BRANCH_LABELS = {'act': 'φ', 'act_up': 'φ_up (up branch)'}
 
 
@@ -123,14 +126,12 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
     """The numbers behind a run's acts.png (the content of acts.json), from its checkpoint and its log (read here
     unless given: compare.py has read them already, as (records, damaged lines) for the log)."""
     from data.loader import DataLoader
-    if bins < 2:
-        raise UserError(f"--bins must be at least 2, got {bins}.")
+    if not 2 <= bins <= MAX_BINS:
+        raise UserError(f"--bins must be between 2 and {MAX_BINS}, got {bins}.")
     if ckpt is None:
         ckpt = load_checkpoint(out_dir, "a run writes it at its first evaluation: wait for that, or use another "
                                         "--out_dir.")
-    model = GPT(model_config(ckpt['model_args']))
-    model.load_state_dict(model_state(ckpt['model']))
-    model.to(device).eval()
+    model = checkpoint_model(ckpt, os.path.join(out_dir, CKPT)).to(device).eval()
     cfg = ckpt['config']
     idx = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],
                      data_dir=data_dir or cfg['data_dir']).val_batches(1)[0][0].to(device)

@@ -62,8 +62,8 @@ class GPTConfig:
         if self.pos == "rope" and (self.n_embd // self.n_head) % 2:  # RoPE rotates channel pairs (i, i + head/2)
             raise ValueError(f"RoPE needs an even head size, but n_embd/n_head = {self.n_embd}/{self.n_head} = "
                              f"{self.n_embd // self.n_head}; change n_embd or n_head, or use pos=learned")
-        if not (self.ffn_mult > 0 and math.isfinite(self.ffn_mult)) or int(self.ffn_mult * self.n_embd) < 1:
-            raise ValueError(f"ffn_mult={self.ffn_mult} must be positive and give an FFN at least 1 unit wide")
+        if not (self.ffn_mult > 0 and 1 <= self.ffn_mult * self.n_embd < 2**63):  # a width is an int64 dimension
+            raise ValueError(f"ffn_mult={self.ffn_mult} must be positive and give an FFN 1 to 2**63 - 1 units wide")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
         if self.n_expert < 0 or self.moe_every < 1 or self.expert_hidden < 0:

@@ -150,23 +150,47 @@ def read_json(path):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# log.jsonl: one JSON object per logged iteration (see train.py)
+# log.jsonl: one JSON object per logged iteration (see train.py). FIELDS: what each field train.py writes must be to be
+# read back (any may be absent but 'iter'), so that a record of another shape is set aside as a damaged line is, never
+# an exception in a report. Bounds: losses are cross-entropies in nats, below 1e6 (a probability of e^-1e6); ints
+# int64s; every other number a float32's (what train.py logs comes from float32 tensors).
+F32_MAX = 3.4028234663852886e38
 
-_NUMBER = (int, float)
-FIELDS = {'iter': int, 'tokens': int, 'lr': _NUMBER, 'loss': _NUMBER, 'val_loss': _NUMBER, 'ms': _NUMBER,
-          'tok_s': _NUMBER, 'batch_hash': str, 'val_hash': str, 'act': dict, 'val_halves': list}
+
+def _in(lo, hi, kinds=(int, float)):
+    return lambda v: type(v) in kinds and lo <= v <= hi  # type, not isinstance: a bool is no number; NaN is in no range
+
+
+def _dict_of(test):
+    return lambda v: type(v) is dict and all(test(x) for x in v.values())
+
+
+_COUNT, _LOSS, _NUMBER = _in(0, 2**63 - 1, (int,)), _in(0, 1e6), _in(-F32_MAX, F32_MAX)
+
+
+def _numbers(v, depth=0):
+    """A number, or a list of numbers (nested lists allowed)."""
+    return _NUMBER(v) or type(v) is list and depth < 8 and all(_numbers(x, depth + 1) for x in v)
+
+
+# act (GPT.learned): {'layers': [{part (act, act_up, moe): {quantity: numbers, or {name: numbers}}}, one per layer]}
+_LAYER = _dict_of(_dict_of(lambda q: _numbers(q) or _dict_of(_numbers)(q)))
+_TEXT, _NUMBER_OR_NULL = (lambda v: type(v) is str), (lambda v: v is None or _NUMBER(v))
+FIELDS = {'iter': _COUNT, 'tokens': _COUNT, 'lr': _NUMBER, 'loss': _LOSS, 'val_loss': _LOSS, 'ms': _NUMBER,
+          'tok_s': _NUMBER, 'mfu': _NUMBER_OR_NULL, 'grad_norm': _NUMBER_OR_NULL, 'batch_hash': _TEXT,
+          'val_hash': _TEXT, 'loss_total': _NUMBER, 'aux': _NUMBER, 'z': _NUMBER,  # the last three an MoE's
+          'val_halves': lambda v: type(v) is list and len(v) == 2 and all(map(_LOSS, v)),
+          'act': lambda v: type(v) is dict and type(v.get('layers')) is list and all(map(_LAYER, v['layers']))}
 
 
 def parse_record(line):
-    """A log line's record as train.py writes it (an iteration number, typed fields, finite floats), else None."""
+    """A log line's record if it is one as train.py writes it (FIELDS; any other float finite), else None."""
     try:
         r = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: brackets nested deeper than the parser goes
         return None
-    valid = (isinstance(r, dict) and 'iter' in r  # FIELDS says it is an int
-             and all(isinstance(r[k], t) and not isinstance(r[k], bool) for k, t in FIELDS.items() if k in r)
-             and r['iter'] >= 0 and isinstance(r.get('act', {}).get('layers', []), list)
-             and all(math.isfinite(v) for v in r.values() if isinstance(v, float)))
+    valid = (type(r) is dict and 'iter' in r and all(FIELDS[k](v) for k, v in r.items() if k in FIELDS)
+             and all(math.isfinite(v) for v in r.values() if type(v) is float))
     return r if valid else None
 
 

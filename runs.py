@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from cli import UserError, split_list, to_argv
-from configurator import DEFAULTS, variant_settings
+from configurator import DEFAULTS, checkpoint_fault, variant_settings
 from rundir import CKPT, LOG, RECORD, STOPPED, read_json, read_log_lines
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
@@ -90,12 +90,17 @@ class Run:
 
 
 def read_checkpoint(d):
-    """run directory d's ckpt.pt by memory map (nothing but its plain fields is read unless used), or None."""
+    """run directory d's ckpt.pt by memory map (nothing but its plain fields is read unless used), checked as train.py
+    writes it; None if there is none or it cannot be read at all (the run's train.py then says so)."""
+    path = os.path.join(d, CKPT)
     try:
-        ckpt = torch.load(os.path.join(d, CKPT), map_location='cpu', weights_only=True, mmap=True)
+        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
     except Exception:
         return None
-    return ckpt if isinstance(ckpt, dict) else None
+    if fault := checkpoint_fault(ckpt):
+        raise UserError(f"cannot use the checkpoint {path}: {fault}, so it is not a train.py checkpoint or it is "
+                        f"damaged; delete the run's directory {d} to train it again, or use another --out_dir.")
+    return ckpt
 
 
 def scan(spec):

@@ -8,6 +8,8 @@ Sample from a model trained by train.py, decoding with the checkpoint's own toke
 Each sample is printed as the prompt followed by max_new_tokens generated tokens, then a line of dashes.
 Status messages go to stderr, so stdout holds only the samples.
 """
+from cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
+quiet_interrupt(__name__)
 import os
 import sys
 
@@ -15,10 +17,8 @@ import torch
 
 import device
 from cli import UserError, parse_args, read_text, run_cli
-from configurator import load_checkpoint, model_config
+from configurator import checkpoint_model, load_checkpoint
 from data.tokenizer import get_tokenizer
-from model import GPT
-from rundir import model_state
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory holding ckpt.pt
@@ -57,9 +57,7 @@ def main(argv):
     dtype = device.resolve_dtype(cfg['dtype'], device_type)
     torch.manual_seed(cfg['seed'])
 
-    model = GPT(model_config(checkpoint['model_args']))
-    model.load_state_dict(model_state(checkpoint['model']))  # also loads what a compiled model saved
-    model.eval().to(where)
+    model = checkpoint_model(checkpoint, ckpt_path).eval().to(where)
 
     tok = get_tokenizer(meta)  # raises a UserError if the start text has characters outside a char vocabulary
     # a model trained with --vocab_size above its tokenizer's has ids that decode to nothing; the loader keeps them out

@@ -22,6 +22,8 @@ Worth knowing:
   or a file cannot be written; a checkpoint only ever holds finite weights. NANOFFN_NAN_AT=k makes iteration k's
   loss NaN.
 """
+from cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
+quiet_interrupt(__name__)
 import hashlib
 import json
 import math
@@ -37,7 +39,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import device
 import wandb_log
 from cli import RunStopped, UserError, parse_args, run_cli
-from configurator import DEFAULTS, MODEL_KEYS, STREAM_KEYS, TYPES, check, load_checkpoint, model_config
+from configurator import (DEFAULTS, MODEL_KEYS, STREAM_KEYS, TYPES, check, checkpoint_model, load_checkpoint,
+                          model_config)
 from model import GPT
 from progress import progress_bar
 from rundir import (STOPPED, append_log, lock_run_dir, model_state, save_checkpoint, truncate_log,
@@ -173,9 +176,7 @@ class Trainer:
         if checkpoint is not None and vocabulary(checkpoint['meta']) != vocabulary(self.meta):
             raise UserError(f"{cfg['dataset']} has another vocabulary than this run trained on (prepared again?); "
                             f"resume with the data it trained on, or train a new run in another out_dir.")
-        model = GPT(model_config(self.model_args))
-        if checkpoint is not None:
-            model.load_state_dict(model_state(checkpoint['model']))
+        model = checkpoint_model(checkpoint, self.ckpt_path) if checkpoint else GPT(model_config(self.model_args))
         self.raw_model = model.to(self.device)
         self.optimizer = model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
                                                     (cfg['beta1'], cfg['beta2']), self.device_type)

@@ -137,7 +137,9 @@ def untrained_run(run_dir, data_dir, **model_args):
     os.makedirs(run_dir)
     save_checkpoint({'model': GPT(config).state_dict(), 'model_args': asdict(config), 'iter_num': 0,
                      'config': {'dataset': 'shakespeare_char', 'block_size': 32, 'batch_size': 4, 'seed': 1,
-                                'data_dir': data_dir}}, run_dir)
+                                'data_dir': data_dir}, 'meta': {'vocab_size': 65}, 'optimizer': {},
+                     'best_val_loss': float('inf'), 'tokens': 0, 'train_time': 0.0, 'world_size': 1, 'rng': [{}],
+                     'loader': [{}]}, run_dir)
     return run_dir
 
 
