@@ -14,7 +14,7 @@ import device
 from activations import VARIANTS, check_variant, make_activations
 from cli import UserError, coerce, parse_args, split_list
 from model import GPT, GPTConfig
-from rundir import model_state, read_json
+from rundir import CKPT, model_state, read_json
 
 TRAIN_DEFAULTS = dict(
     # I/O
@@ -239,7 +239,7 @@ def load_checkpoint(out_dir, missing_hint):
     """out_dir/ckpt.pt as written by train.py (checkpoint_fault; its weights are checked by checkpoint_model), or a
     UserError: `missing_hint` says what to do if there is none.
     weights_only: a checkpoint holds tensors and plain Python values only, so loading one cannot run code."""
-    path = os.path.join(out_dir, 'ckpt.pt')
+    path = os.path.join(out_dir, CKPT)
     if not os.path.exists(path):
         raise UserError(f"there is no checkpoint at {path}; {missing_hint}")
     try:

@@ -25,7 +25,7 @@ from cli import RunStopped, UserError
 CKPT = 'ckpt.pt'  # the model, optimizer and settings at the last evaluation (train.py)
 LOG = 'log.jsonl'  # one record per logged iteration (train.py; FIELDS below)
 STOPPED = 'stopped.txt'  # why the run diverged (train.py; the next try removes it)
-RECORD = 'compare.json'  # compare.py's record of a run it started or planned: its settings before its first checkpoint
+RECORD = 'compare.json'  # compare.py's record of a run it started or planned: its settings, before any checkpoint
 TRAIN_OUT = 'train.out'  # the output of every try compare.py started, each after its `$ command` line
 LOCK = '.lock'  # a run directory's owner
 LOCK_FD_ENV = 'NANOFFN_LOCK_FD'  # compare.py hands the lock it took for a run to the train.py it starts
@@ -115,15 +115,6 @@ def save_checkpoint(ckpt, out_dir):
 
 # ----------------------------------------------------------------------------------------------------------------------
 # reading
-
-
-def checkpoint_field(run_dir, key):
-    """One plain field of run_dir/ckpt.pt (iter_num, config, ...), read by memory map: the tensors are not loaded.
-    None if there is no readable checkpoint."""
-    try:
-        return torch.load(os.path.join(run_dir, 'ckpt.pt'), map_location='cpu', weights_only=True, mmap=True)[key]
-    except Exception:
-        return None
 
 
 def model_state(state_dict):

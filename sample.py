@@ -19,6 +19,7 @@ import device
 from cli import UserError, parse_args, read_text, run_cli
 from configurator import checkpoint_model, load_checkpoint
 from data.tokenizer import get_tokenizer
+from rundir import CKPT
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory holding ckpt.pt
@@ -51,7 +52,7 @@ def main(argv):
     checkpoint = load_checkpoint(cfg['out_dir'], "train one first (python train.py config/shakespeare_char.py) or "
                                                  "point --out_dir at a run's directory.")
     meta = checkpoint.get('meta')
-    ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
+    ckpt_path = os.path.join(cfg['out_dir'], CKPT)
     where = device.resolve_device(cfg['device'])
     device_type = where.split(':')[0]
     dtype = device.resolve_dtype(cfg['dtype'], device_type)

@@ -43,7 +43,7 @@ from configurator import (DEFAULTS, MODEL_KEYS, STREAM_KEYS, TYPES, check, check
                           model_config)
 from model import GPT
 from progress import progress_bar
-from rundir import (STOPPED, append_log, lock_run_dir, model_state, save_checkpoint, truncate_log,
+from rundir import (CKPT, LOG, STOPPED, append_log, lock_run_dir, model_state, save_checkpoint, truncate_log,
                     write_text)
 
 DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
@@ -121,8 +121,8 @@ class Trainer:
 
     def __init__(self, cfg, checkpoint):
         self.cfg, self.out_dir = cfg, cfg['out_dir']
-        self.ckpt_path = os.path.join(self.out_dir, 'ckpt.pt')
-        self.log_path = os.path.join(self.out_dir, 'log.jsonl')
+        self.ckpt_path = os.path.join(self.out_dir, CKPT)
+        self.log_path = os.path.join(self.out_dir, LOG)
         self.setup_system()
         self.setup_data()
         self.setup_model(checkpoint)
