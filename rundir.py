@@ -143,8 +143,8 @@ def read_json(path):
 # ----------------------------------------------------------------------------------------------------------------------
 # log.jsonl: one JSON object per logged iteration (see train.py). FIELDS: what each field train.py writes must be to be
 # read back (any may be absent but 'iter'), so that a record of another shape is set aside as a damaged line is, never
-# an exception in a report. Bounds: losses are cross-entropies in nats, below 1e6 (a probability of e^-1e6); ints
-# int64s; every other number a float32's (what train.py logs comes from float32 tensors).
+# an exception in a report. Bounds: a loss is a cross-entropy in nats, |x| <= 1e6 (e^-1e6 is no probability a
+# float holds); ints are int64s; every other number a float32's (what train.py logs comes from float32 tensors).
 F32_MAX = 3.4028234663852886e38
 
 
@@ -156,7 +156,7 @@ def _dict_of(test):
     return lambda v: type(v) is dict and all(test(x) for x in v.values())
 
 
-_COUNT, _LOSS, _NUMBER = _in(0, 2**63 - 1, (int,)), _in(0, 1e6), _in(-F32_MAX, F32_MAX)
+_COUNT, _LOSS, _NUMBER = _in(0, 2**63 - 1, (int,)), _in(-1e6, 1e6), _in(-F32_MAX, F32_MAX)
 
 
 def _numbers(v, depth=0):

@@ -167,7 +167,7 @@ BAD = {
     'act coefficients nested too deep': {'act': {'layers': [{'act': {'coeffs': {'a0': {'b': 1.0}}}}]}},
     'act without layers': {'act': {}},
     'val_loss of 1e308': {'val_loss': 1e308},
-    'negative loss': {'loss': -1.0},
+    'loss beyond 1e6': {'loss': -2e6},
     'lr beyond a float32': {'lr': 1e300},
     'tokens of 10**400': {'tokens': 10**400},
     'iter of 10**400': {'iter': 10**400},
