@@ -62,7 +62,7 @@ MAX_GRID = 10  # --lr_grid=K spans learning_rate x 2^-K .. 2^K: past 2^10 either
 START = dict(scratch='scratch', resume='resume', mismatch='overwrite', retrain='overwrite')  # a run to do, by state
 # a sweep chooses each variant's rate on the first half of the validation windows (train.py logs both halves,
 # `val_halves`) and reports on the second, which the choice never reads
-SELECT, REPORT = 0, 1
+SELECT = 0
 # the settings that shape a comparison, shown in its summary whether chosen or left at train.py's defaults
 SHOWN_KEYS = ('dataset', 'n_layer', 'n_head', 'n_embd', 'block_size', 'batch_size', 'gradient_accumulation_steps',
               'max_iters', 'learning_rate', 'schedule', 'warmup_iters', 'min_lr', 'eval_interval', 'eval_iters',
@@ -150,17 +150,13 @@ def grid_runs(cfg, comp):
     return [scan(s) for s in specs(cfg, comp, comp['variants'], comp['grid'] or [None])]
 
 
-def by_rate(runs, loss_of):
-    """Per variant and rate: each run's final loss (loss_of: which), None where it did not finish (a diverged run)."""
-    out = {}
-    for r in runs:
-        out.setdefault(r.variant, {}).setdefault(r.lr, []).append(r.final(loss_of))
-    return out
-
-
 def best_rates(runs):
-    """Per variant of a sweep: its best rate, chosen on the selection half only (stats.choose_rate)."""
-    return {v: stats.choose_rate(losses) for v, losses in by_rate(runs, lambda r: r['val_halves'][SELECT]).items()}
+    """Per variant of a sweep: its best rate, chosen on the selection half only (stats.choose_rate); a run that did
+    not finish (a diverged one) counts as a failure at its rate."""
+    losses = {}
+    for r in runs:
+        losses.setdefault(r.variant, {}).setdefault(r.lr, []).append(r.final(lambda e: e['val_halves'][SELECT]))
+    return {v: stats.choose_rate(by_lr) for v, by_lr in losses.items()}
 
 
 def beyond_edges(cfg, comp, runs):

@@ -204,10 +204,6 @@ def read_log_lines(path):
     return records, damaged
 
 
-def read_log(path):
-    return read_log_lines(path)[0]
-
-
 def truncate_log(path, iter_num):
     """Keep every intact line up to the checkpoint's iteration (a resumed run writes the later ones again; -1: none,
     a new run). Damaged lines go to log.jsonl.damaged, with a warning, never dropped silently. Returns the number of

@@ -102,7 +102,7 @@ def run_args(data, out, *extra):
 
 
 def same_log_and_weights(a, b):
-    la, lb = (rundir.read_log(os.path.join(d, 'log.jsonl')) for d in (a, b))
+    la, lb = (rundir.read_log_lines(os.path.join(d, 'log.jsonl'))[0] for d in (a, b))
     assert [(r['iter'], r.get('loss'), r.get('val_loss')) for r in la] == [(r['iter'], r.get('loss'), r.get('val_loss'))
                                                                            for r in lb]
     wa, wb = (torch.load(os.path.join(d, 'ckpt.pt'), weights_only=True)['model'] for d in (a, b))
