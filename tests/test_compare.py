@@ -331,14 +331,19 @@ def test_a_bundled_dataset_is_prepared_on_demand(tmp_path):
     assert meta['tokenizer'] == 'char' and meta['vocab_size'] == 84
 
 
-@pytest.mark.parametrize('name', ['compare_shakespeare_char', 'compare_owt_dense', 'compare_owt_moe'])
+@pytest.mark.parametrize('name', ['compare_shakespeare_char', 'compare_owt_dense', 'compare_owt_moe', 'ablate_polycom',
+                                  'ablate_moa'])
 def test_configs_plan(name):
     """Each shipped comparison config parses and plans (valid variants, baseline, keys) without training anything."""
     cfg = compare.settings([os.path.join(REPO, 'config', f'{name}.py'), '--plan'])  # planned for a GPU elsewhere
     comp = compare.check_comparison(cfg)
     variants, seeds, rates = comp['variants'], comp['seeds'], comp['grid'] or [None]
-    assert comp['baseline'] == 'gelu' and len(grid_specs(cfg)) == len(variants) * len(seeds) * len(rates)
-    if name == 'compare_shakespeare_char':
+    assert comp['baseline'] == ('relu' if name == 'ablate_polycom' else 'gelu')
+    assert len(grid_specs(cfg)) == len(variants) * len(seeds) * len(rates)
+    if name.startswith('ablate'):  # the default comparison's model and budget, at tuned rates, over the paper's variants
+        assert len(seeds) == 3 and len(rates) == 3 and cfg['lr_extend'] and cfg['max_iters'] == 300
+        assert cfg['act_dict'] == 'identity,relu,relu2,gelu,silu,leaky_relu,tanh' or name == 'ablate_polycom'
+    elif name == 'compare_shakespeare_char':
         assert set(variants) >= {'gelu', 'relu2', 'swiglu', 'polyrelu', 'polynorm', 'la', 'moa', 'moa_glu'}
         assert len(seeds) >= 2 and cfg['device'] == 'cpu' and cfg['dtype'] == 'float32'
         assert rates == [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2] and cfg['learning_rate'] == 2e-3 and cfg['lr_extend']
