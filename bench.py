@@ -49,6 +49,7 @@ BENCH_DEFAULTS = dict(
     seed=1337,
     compile_mode="regional",  # regional (every Block) | whole (the GPT): what --compile=True compiles
     threads=0,  # CPU threads for torch (0: torch's default); 1 keeps OpenMP threads from waiting on each other
+    peak_flops=0.0,  # FLOP/s for MFU; 0 = from the GPU's name (device.PEAK_FLOPS), else no MFU
 )
 # the model keys: GPTConfig's but ffn, at a shape where the FFN's cost shows on a CPU: the char-level GPT of
 # config/shakespeare_char.py widened to d=256, T=256 (vocab 84 is the bundled corpus's alphabet; padded to 128)
@@ -98,8 +99,7 @@ def setup(cfg):
         check({**shared, "ffn": v})
     if cfg["threads"] > 0:  # before compiling: Inductor's C++ kernels take their OpenMP thread count then
         torch.set_num_threads(cfg["threads"])
-    auto = "cuda" if torch.cuda.is_available() else "cpu"  # never MPS, unlike train.py's auto
-    compute = hw.setup(auto if cfg["device"] == "auto" else cfg["device"], cfg["dtype"])  # train.py's set-up
+    compute = hw.setup(cfg["device"], cfg["dtype"], mps=False)  # train.py's set-up; auto never picks MPS
     # every variant recompiles the same GPT.forward frame: past Dynamo's limit (8) it would silently run eager
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # torch < 2.7
     setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 4 * len(variants)))
@@ -184,6 +184,7 @@ def run_mode(variants, compiled, cfg, device, dtype):
         for b in benches[k:] + benches[:k]:
             b.times.append(b.timed_step(x, y))
     tokens = cfg["batch_size"] * cfg["block_size"]
+    peak = hw.peak_flops(device.split(":")[0], dtype, cfg["peak_flops"])
     results = []
     for b in benches:
         q1, med, q3 = statistics.quantiles(b.times, n=4, method="inclusive") if len(b.times) > 1 else b.times * 3
@@ -192,7 +193,7 @@ def run_mode(variants, compiled, cfg, device, dtype):
             variant=b.variant, moe=b.moe, kind=VARIANTS[b.variant].kind, compile=compiled,
             baseline=baseline_of(b.variant), params=b.model.param_report(), flops_per_token=flops,
             step_time_s=dict(median=med, q25=q1, q75=q3, iqr=q3 - q1, n=len(b.times), times=b.times),
-            tokens_per_s=tokens / med, flops_per_s=flops * tokens / med,
+            tokens_per_s=tokens / med, flops_per_s=flops * tokens / med, mfu=flops * tokens / med / peak if peak else None,
             saved_bytes_per_token=b.saved / tokens, cuda_step_peak_bytes=b.peak))
     return results
 
@@ -227,7 +228,8 @@ def markdown_table(results):
                "saved KiB/tok": f"{r['saved_bytes_per_token'] / 1024:.1f}", "vs": r["baseline"],
                "× time": f"{q['step_time']:.3f}", "× saved": f"{q['saved_bytes']:.3f}"}
         if cuda:
-            row |= {"peak MiB": f"{r['cuda_step_peak_bytes'] / 2**20:.0f}", "× peak": f"{q['cuda_step_peak']:.3f}"}
+            row |= {"peak MiB": f"{r['cuda_step_peak_bytes'] / 2**20:.0f}", "× peak": f"{q['cuda_step_peak']:.3f}",
+                    "MFU": f"{r['mfu']:.1%}" if r["mfu"] is not None else "–"}
         if moe:
             row["MoE/dense × time"] = f"{q['moe_vs_dense_step_time']:.3f}" if r["moe"] else ""
         rows.append(row)

@@ -22,18 +22,40 @@ def visible_gpus():
     return names[:n]
 
 
-def resolve_jobs(cfg):
-    """The GPUs to place runs on (none on a CPU or a device named explicitly, e.g. cuda:1) and the runs at a time:
-    --jobs, else one per nproc_per_run GPUs, else one per --threads CPU cores per process (tiny models train fastest
-    so), else 1."""
-    gpus = visible_gpus() if cfg['device'] in ('auto', 'cuda') else []
-    nproc = cfg['nproc_per_run']
-    if gpus and nproc > len(gpus):
-        raise UserError(f"--nproc_per_run={nproc} needs {nproc} GPUs per run but {len(gpus)} are visible; lower it.")
-    # the cores this process may use (a Slurm job's or taskset's), each run's processes using --threads of them
+MAX_SHARE = 8  # runs on one GPU at the most
+# a training step of fewer FLOPs than this takes a few milliseconds of a current GPU's matmul peak: the Python that
+# launches its kernels sets its pace, not the GPU, so several such runs share one GPU at little cost to each
+SHARE_BELOW_FLOPS = 1e12
+
+
+def resolve_jobs(cfg, n_runs, step_flops, need_bytes):
+    """Where n_runs runs of a comparison train and how many at a time: (GPUs to place them on by CUDA_VISIBLE_DEVICES,
+    runs at a time, a line saying so). On GPUs, --jobs or one run per nproc_per_run GPUs, and several per GPU for
+    one-process runs whose step (step_flops) is too small to fill it and whose memory estimate (need_bytes) fits, up
+    to MAX_SHARE and one CPU core each; --device=cuda:N runs them all on that GPU (each run's own set-up, no
+    placement). On a CPU, --jobs or one run per --threads cores per process (tiny models train fastest so), else 1."""
+    import torch
+    device, nproc = cfg['device'], cfg['nproc_per_run']
+    gpus = visible_gpus() if device in ('auto', 'cuda') else []
+    n_gpus = len(gpus) or int(device.startswith('cuda:'))
+    # the cores this process may use (a Slurm job's or taskset's)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
-    cpu_jobs = max(1, cores // (cfg['threads'] * nproc)) if cfg['threads'] else 1
-    return gpus, cfg['jobs'] or (len(gpus) // nproc if gpus else cpu_jobs)
+    if not n_gpus:
+        jobs = cfg['jobs'] or (max(1, cores // (cfg['threads'] * nproc)) if cfg['threads'] else 1)
+        return [], jobs, f"{min(jobs, n_runs)} at a time"
+    if nproc > n_gpus:
+        raise UserError(f"--nproc_per_run={nproc} needs {nproc} GPUs per run but {n_gpus} are visible; lower it.")
+    where = f"GPU{'s' * (n_gpus > 1)} {','.join(gpus) or device.partition(':')[2]}"
+    if cfg['jobs']:
+        return gpus, cfg['jobs'], f"{min(cfg['jobs'], n_runs)} at a time on {where} (--jobs)"
+    total = torch.cuda.get_device_properties(int(device.partition(':')[2] or 0)).total_memory
+    per_gpu = min(MAX_SHARE, max(1, cores // n_gpus), int(0.9 * total // need_bytes))
+    if nproc > 1 or step_flops >= SHARE_BELOW_FLOPS or per_gpu < 2:
+        return gpus, n_gpus // nproc, f"{min(n_gpus // nproc, n_runs)} at a time on {where}"
+    return gpus, per_gpu * n_gpus, (
+        f"{min(per_gpu * n_gpus, n_runs)} at a time on {where}, up to {per_gpu} per GPU: a step of {step_flops:.2g} "
+        f"FLOPs is too small to fill a GPU, and each run needs about {need_bytes / 2**30:.2g} GiB of its "
+        f"{total / 2**30:.0f} GiB; --jobs sets the number")
 
 
 def placement(slots, gpus, nproc):

@@ -30,7 +30,7 @@ import plots
 import report
 import stats
 from cli import RunStopped, UserError, parse_args, run_cli, split_list
-from configurator import TYPES, check, check_variants, meta_model, scale_counts, variant_settings
+from configurator import TYPES, check, check_variants, memory_needs, meta_model, scale_counts, variant_settings
 from device import compile_cache_dir, resolve_device, resolve_dtype
 from progress import progress_bar
 from rundir import (HELD, LOCK, LOCK_FD_ENV, LOG, RECORD, STOPPED, TRAIN_OUT, check_writable, ctrl_c_held, parse_record,
@@ -42,7 +42,8 @@ COMPARE_DEFAULTS = dict(
     seeds=1,  # number of seeds per variant: seed, seed+1, ...
     baseline='',  # the variant the others are compared with; '' = the first of variants
     smooth=0.9,  # EMA factor for the plotted training loss (per log line), 0 = raw
-    jobs=0,  # runs trained at the same time; 0 = one per visible GPU (nproc_per_run GPUs), or per --threads CPU cores
+    jobs=0,  # runs trained at the same time; 0 = chosen and said on stderr: one per nproc_per_run visible GPUs (a tiny
+    # model: several per GPU), or one per --threads CPU cores
     threads=0,  # OMP_NUM_THREADS for each run; 0 = leave the environment's setting
     sizes='',  # '' = one size (n_layer, n_embd, n_head as set); e.g. 2x64,3x96,4x128 (n_layer x n_embd [x n_head])
     tokens_per_param=0.0,  # 0 = max_iters at every size; K > 0: K tokens per non-embedding parameter of the baseline
@@ -347,6 +348,16 @@ def train_all(todo, slots, threads, pbar):
     return [done[r.dir] for r in todo]
 
 
+def run_size(cfg, runs):
+    """What placing these runs needs to know: the largest one's FLOPs per training step and estimated memory."""
+    sizes = []
+    for r in runs:
+        model = meta_model(r.settings, cfg['data_dir'])
+        tokens = r.settings['batch_size'] * r.settings['block_size'] * r.settings['gradient_accumulation_steps']
+        sizes.append((model.flops_per_token() * tokens, memory_needs(r.settings, model.config)[2]))
+    return max(sizes)
+
+
 def train_missing(cfg, comp, runs):
     """Reuse the finished runs and train the others, N at a time; returns every run as it is now. --plan prints the
     commands of the runs to do instead (and returns None); --report refuses to go on without them."""
@@ -363,14 +374,14 @@ def train_missing(cfg, comp, runs):
             print("compare: the verdict's runs (each variant at its best rate, on the fresh seeds "
                   f"{','.join(map(str, comp['fresh_seeds']))}) are listed once these are done", file=sys.stderr)
         return None
-    gpus, jobs = cluster.resolve_jobs(cfg) if todo else ([], cfg['jobs'])
+    gpus, jobs, at_once = cluster.resolve_jobs(cfg, len(todo), *run_size(cfg, todo)) if todo else ([], cfg['jobs'], '')
     check_writable(cfg['out_dir'], create=True)
     per = sorted({len({r.lr for r in runs if r.variant == v}) for v in {r.variant for r in runs}})  # rates per variant
     rates = f" x {per[0]}{'' if len(per) == 1 else f'-{per[-1]}'} rates" if runs[0].lr is not None else ''
     n_variants = len({r.variant for r in runs})
     print(f"compare: {n_variants} variants x {len(comp['seeds'])} seed(s){rates}"
           + f" = {len(runs)} runs into {cfg['out_dir']} ({len(runs) - len(todo)} to reuse, {len(todo)} to train"
-          + (f", {jobs} at a time on GPUs {','.join(gpus)}" if gpus else '') + ')', file=sys.stderr)
+          + (f", {at_once}" if todo else '') + ')', file=sys.stderr)
     pbar = progress_bar(len(runs), 'runs', unit='run')
     for run in runs:
         if run.state in FINISHED:

@@ -48,7 +48,7 @@ TRAIN_DEFAULTS = dict(
     dtype='auto',  # 'auto' (bfloat16 where supported, else float32) | 'float32' | 'bfloat16' | 'float16'
     compile=None,  # None = auto: on for CUDA, off elsewhere (--compile=True compiles on a CPU too)
     compile_mode='regional',  # 'regional' (each Block compiled; one graph serves every layer) | 'whole' (the GPT)
-    peak_flops=0.0,  # FLOP/s for MFU; 0 = from the GPU's name (H100/H200 989e12, A100 312e12), else MFU is null
+    peak_flops=0.0,  # FLOP/s for MFU; 0 = the GPU's dense peak for the dtype, by its name (device.PEAK_FLOPS), else null
     seed=1337,
     # Weights & Biases (nanoGPT's keys; wandb is imported only when wandb_log is on)
     wandb_log=False,  # log every log.jsonl record to wandb too (WANDB_MODE=offline works without network)
@@ -126,26 +126,40 @@ def min_params(c):
             + (L - moe) * mats * d * c.ffn_hidden + moe * c.n_expert * d * (mats * c.moe_hidden + 1))
 
 
-def check_memory(cfg, c):
-    """Refuse a run that cannot fit in its device's memory before anything is allocated. It needs at least 16 bytes a
-    parameter (fp32 weights, gradients and AdamW's two moments; min_params), RoPE's fp32 tables (cos and sin,
-    block_size x head size / 2, in every layer) and what a batch certainly holds: its fp32 logits and the int64
-    validation windows (inputs and targets)."""
-    try:
-        where = device.resolve_device(cfg['device'])
-    except UserError:  # not a device of this machine (compare.py --plan for another): the run says so where it runs
-        return
+def memory_needs(cfg, c):
+    """A run's memory in bytes, before anything is allocated: (model, batch) parts of a lower bound, and an estimate
+    of its peak. The bound: 16 bytes a parameter (fp32 weights, gradients and AdamW's two moments; min_params), RoPE's
+    fp32 tables (cos and sin, block_size x head size / 2, in every layer), and what a batch certainly holds, its fp32
+    logits and the int64 validation windows (inputs and targets). The estimate adds the activations kept for
+    backward, about 34·d bytes a token and layer in 16-bit, twice that in fp32 (Korthikanti et al. 2022, "Reducing
+    Activation Recomputation in Large Transformer Models", with flash attention's memory)."""
     model = 16 * min_params(c) + (4 * c.n_layer * c.block_size * (c.n_embd // c.n_head) if c.pos == 'rope' else 0)
     batch = cfg['batch_size'] * cfg['block_size'] * (4 * c.padded_vocab_size + 16 * cfg['eval_iters'])
-    if model + batch > (have := device.memory_bytes(where)):
+    activations = cfg['batch_size'] * cfg['block_size'] * c.n_layer * 34 * c.n_embd * (
+        2 if cfg['dtype'] == 'float32' else 1)
+    return model, batch, model + batch + activations
+
+
+def check_memory(cfg, c, where=None):
+    """Refuse a run that cannot fit in its device's memory (memory_needs' lower bound) before anything is allocated:
+    against the device's total memory, or, given the device a run has set up (`where`), against what is free there
+    now."""
+    free = where is not None
+    try:
+        have = device.memory_bytes(where, free) if free else device.memory_bytes(
+            where := device.resolve_device(cfg['device']))
+    except UserError:  # not a device of this machine (compare.py --plan for another): the run says so where it runs
+        return
+    model, batch, _ = memory_needs(cfg, c)
+    if model + batch > have:
         gb = lambda n: f"{Decimal(n) / 10**9:.3g} GB"  # Decimal: the sizes can be ints beyond any float
         lower = ('n_layer, n_embd, ffn_mult, n_expert or vocab_size' if model > batch else
                  'batch_size, block_size or eval_iters')
+        holder = 'this machine' if where in ('cpu', 'mps') else 'the GPU ' + where
         raise UserError(f"this run needs at least {gb(model + batch)} of memory: {gb(model)} for a model of at least "
                         f"{Decimal(min_params(c)):.3g} parameters (16 bytes each: fp32 weights, gradients and AdamW's "
                         f"two moments) and RoPE's tables, {gb(batch)} for a batch's logits and the validation windows; "
-                        f"{'this machine' if where in ('cpu', 'mps') else 'the GPU ' + where} has {gb(have)}, so "
-                        f"lower {lower}.")
+                        f"{holder} has {gb(have)}{' free' if free else ''}, so lower {lower}.")
 
 
 def scale_counts(model):

@@ -12,16 +12,21 @@ import torch.distributed as dist
 from cli import UserError
 
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
-PEAK_FLOPS = [('H100', 989e12), ('H200', 989e12), ('A100', 312e12)]  # bf16 dense, per GPU
+# dense tensor-core peaks per GPU, (bf16/fp16, tf32) FLOP/s, from NVIDIA's datasheets (half their "with sparsity"
+# figures), matched against torch.cuda.get_device_name in this order: a model's variants before the model itself
+PEAK_FLOPS = [('GH200', 989e12, 494.5e12), ('H200 NVL', 835e12, 417.5e12), ('H200', 989e12, 494.5e12),
+              ('H100 NVL', 835e12, 417.5e12), ('H100 PCIe', 756e12, 378e12), ('H100', 989e12, 494.5e12),
+              ('A100', 312e12, 156e12)]
 # the user's choice, read at import: Inductor writes its own default (/tmp/torchinductor_USER) into the variable as soon
 # as anything loads it (building AdamW does), and that must not pass for a choice
 USER_CACHE_DIR = os.environ.get('TORCHINDUCTOR_CACHE_DIR')
 
 
-def resolve_device(name):
-    """'auto' picks cuda, then mps, then cpu; an explicit choice must exist on this machine."""
+def resolve_device(name, mps=True):
+    """'auto' picks cuda, then mps (unless mps=False), then cpu; an explicit choice must exist on this machine. A GPU
+    is always named with its index: 'cuda' is cuda:0, the first GPU this process sees."""
     if name == 'auto':
-        return 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+        name = 'cuda' if torch.cuda.is_available() else 'mps' if mps and torch.backends.mps.is_available() else 'cpu'
     kind, colon, index = name.partition(':')
     if kind not in ('cpu', 'cuda', 'mps') or (colon and not (kind == 'cuda' and index.isdigit())):
         raise UserError(f"--device expects auto, cpu, cuda, cuda:N or mps, got '{name}'.")
@@ -31,14 +36,15 @@ def resolve_device(name):
         raise UserError(f"--device={name} but this machine has {n} CUDA GPU(s), cuda:0 to cuda:{n - 1}; choose one.")
     if kind == 'mps' and not torch.backends.mps.is_available():
         raise UserError("--device=mps but MPS is not available here; use --device=cpu (or auto).")
-    return name
+    return 'cuda:0' if name == 'cuda' else name
 
 
-def memory_bytes(name):
-    """The most memory a run on device `name` (as resolve_device gives it) can have: a CUDA GPU's total (what is free
-    depends on what else runs there), else this machine's physical memory, which MPS shares."""
+def memory_bytes(name, free=False):
+    """The memory a run on device `name` (as resolve_device gives it) can have: a CUDA GPU's total, or with free=True
+    what is free on it now (asking makes the process hold a CUDA context on it); else this machine's physical memory,
+    which MPS shares."""
     if name.startswith('cuda'):
-        return torch.cuda.get_device_properties(name).total_memory
+        return torch.cuda.mem_get_info(name)[0] if free else torch.cuda.get_device_properties(name).total_memory
     return os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
 
 
@@ -69,18 +75,18 @@ class Compute:
         return self.device.split(':')[0]
 
 
-def setup(device, dtype):
-    """The process's one hardware set-up (as nanochat's compute_init): the device, under torchrun (RANK set) the
-    process group (nccl on GPUs, gloo otherwise) and this rank's GPU, TF32 matmuls for float32 work on CUDA, the
-    dtype. Returns its Compute."""
-    name, ddp = resolve_device(device), int(os.environ.get('RANK', -1)) != -1  # launched by torchrun?
+def setup(device, dtype, mps=True):
+    """The process's one hardware set-up (as nanochat's compute_init): the device (resolve_device), under torchrun
+    (RANK set) the process group (nccl on GPUs, gloo otherwise) and this rank's GPU, TF32 matmuls for float32 work on
+    CUDA, the dtype. Returns its Compute."""
+    name, ddp = resolve_device(device, mps), int(os.environ.get('RANK', -1)) != -1  # launched by torchrun?
     rank, local_rank, world_size = 0, 0, 1
     if ddp:
         rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
         name = f'cuda:{local_rank}' if name.startswith('cuda') else name
         dist.init_process_group(backend='nccl' if name.startswith('cuda') else 'gloo')
     if name.startswith('cuda'):  # so RNG state, bf16 support and the peak-FLOPs lookup refer to this GPU
-        torch.cuda.set_device(name)
+        torch.cuda.set_device(torch.device(name))
         torch.set_float32_matmul_precision('high')  # TF32 matmuls for float32 work
     return Compute(name, resolve_dtype(dtype, name.split(':')[0]), ddp, rank, local_rank, world_size)
 
@@ -90,14 +96,15 @@ def autocast(device_type, dtype):
     return nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=DTYPES[dtype])
 
 
-def peak_flops(device_type, override):
-    """The peak FLOP/s MFU is measured against: --peak_flops, else the GPU's bf16 peak by name, else None."""
+def peak_flops(device_type, dtype, override):
+    """The peak FLOP/s MFU is measured against: --peak_flops, else the current GPU's dense peak by its name, in the
+    precision its matmuls run in (float32 runs them in TF32: setup), else None."""
     if override > 0:
         return override
     if device_type != 'cuda':
         return None
     name = torch.cuda.get_device_name()
-    return next((flops for key, flops in PEAK_FLOPS if key in name), None)
+    return next(((low if dtype != 'float32' else tf32) for key, low, tf32 in PEAK_FLOPS if key in name), None)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -120,13 +127,16 @@ def compile_cache_dir():
 def compile_model(model, mode):
     """Compile a GPT for training; returns what to call in place of the model. regional: every Block compiled in place
     (PyTorch's "regional compilation"): the blocks share code and shapes, so one graph serves every layer, built once
-    whatever the depth, and state_dict keys stay plain. whole: the whole GPT as one graph, fused across blocks, at more
-    compile time. dynamic=False: every batch has the same shape, so Dynamo specialises once."""
+    whatever the depth, and state_dict keys stay plain; the head (norm, output layer, cross-entropy) is a region too,
+    so its vocabulary-sized logits are not copied to fp32 and read again eagerly. whole: the whole GPT as one graph,
+    fused across blocks, at more compile time. dynamic=False: every batch has the same shape, so Dynamo specialises
+    once."""
     os.environ['TORCHINDUCTOR_CACHE_DIR'] = compile_cache_dir()  # read when Inductor first compiles
     if mode == 'whole':
         return torch.compile(model, dynamic=False)
     for block in model.transformer.h:
         block.compile(dynamic=False)
+    model.head = torch.compile(model.head, dynamic=False)
     return model
 
 

@@ -1,19 +1,27 @@
 """
 The toy MoE's expert matmul: rows of tokens sorted by expert, times each expert's weight matrix, as one grouped matmul
-(torch.nn.functional.grouped_mm) where torch has it for the dtype and device, and as a loop over the experts elsewhere.
-It is a custom op so that torch.compile sees one opaque node with a known output shape: Inductor's fake-tensor rule
-for grouped_mm accepts only bf16, and the loop needs the group sizes on the host (a graph break). Inside the op both
-are plain eager code.
+where torch has it for the dtype and device, and as a loop over the experts elsewhere. It is a custom op so that
+torch.compile sees one opaque node with a known output shape: Inductor's fake-tensor rule for grouped_mm accepts only
+bf16, and the loop needs the group sizes on the host (a sync, and a graph break). Inside the op both are plain eager
+code.
 """
 import torch
 import torch.nn.functional as F
 
+# torch.nn.functional.grouped_mm from torch 2.10 (CUDA bf16, CPU fp32/bf16); torch 2.8-2.9 have the same kernel as
+# torch._grouped_mm, for CUDA bf16 on compute capability 9.0 (Hopper) and newer
+PUBLIC = hasattr(F, "grouped_mm")
+GROUPED_MM = F.grouped_mm if PUBLIC else getattr(torch, "_grouped_mm", None)
+
 
 def _grouped_mm_ok(a, w):
-    # grouped_mm wants fp32/bf16 (bf16 only on CUDA) and 16-byte aligned rows
-    if not hasattr(F, "grouped_mm") or a.dtype != w.dtype:
+    # the dtypes and devices above, and 16-byte aligned rows
+    if GROUPED_MM is None or a.dtype != w.dtype:
         return False
-    if a.dtype not in ((torch.bfloat16,) if a.is_cuda else (torch.float32, torch.bfloat16)):
+    if a.is_cuda:
+        if a.dtype != torch.bfloat16 or not (PUBLIC or torch.cuda.get_device_capability(a.device)[0] >= 9):
+            return False
+    elif not (PUBLIC and a.dtype in (torch.float32, torch.bfloat16)):
         return False
     return all(s * a.element_size() % 16 == 0 for s in (a.shape[-1], w.shape[-1]))
 
@@ -26,7 +34,7 @@ def _group_sizes(offs):
 def expert_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, grouped: bool) -> torch.Tensor:
     """Rows of `a` sorted by expert (group e = rows offs[e-1]:offs[e]) times that expert's w[e] (E, in, out)."""
     if grouped and _grouped_mm_ok(a, w):
-        return F.grouped_mm(a, w, offs=offs)
+        return GROUPED_MM(a, w, offs=offs)
     return torch.cat([ae @ we for ae, we in zip(a.split(_group_sizes(offs)), w.unbind(0))])  # fallback loop
 
 
@@ -34,7 +42,7 @@ def expert_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, grouped: boo
 def expert_mm_weight_grad(a: torch.Tensor, grad: torch.Tensor, offs: torch.Tensor, grouped: bool) -> torch.Tensor:
     """∂L/∂w[e] = a_eᵀ · grad_e for every expert e: (E, in, out)."""
     if grouped and _grouped_mm_ok(a, grad):
-        return F.grouped_mm(a.t(), grad, offs=offs)
+        return GROUPED_MM(a.t(), grad, offs=offs)
     sizes = _group_sizes(offs)
     return torch.stack([ae.t() @ ge for ae, ge in zip(a.split(sizes), grad.split(sizes))])
 

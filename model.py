@@ -318,14 +318,18 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x, block_aux = block(x)
             aux = aux + block_aux
-        x = self.transformer.ln_f(x)
         if targets is None:  # inference: only the last position, and never a padded id
-            return self.lm_head(x[:, [-1], :])[..., : self.config.vocab_size], None, None
-        logits = self.lm_head(x)[..., : self.config.vocab_size]
-        ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            return self.lm_head(self.transformer.ln_f(x[:, [-1], :]))[..., : self.config.vocab_size], None, None
+        logits, ce = self.head(x, targets)
         # training optimises cross-entropy plus the MoE losses; evaluation reports plain cross-entropy
         loss = ce + aux.sum() if self.training else ce
         return logits, loss, {"ce": ce.detach(), "aux": aux[0].detach(), "z": aux[1].detach()}
+
+    def head(self, x, targets):
+        """The final norm, the output layer (the padded ids cut off) and the cross-entropy in fp32: (logits, ce). A
+        method of its own so that regional compilation (device.compile_model) fuses it as it fuses the blocks."""
+        logits = self.lm_head(self.transformer.ln_f(x))[..., : self.config.vocab_size]
+        return logits, F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
     # ------------------------------------------------------------------------------------------------------------------
     # reports

@@ -39,8 +39,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import device
 import wandb_log
 from cli import RunStopped, UserError, parse_args, run_cli
-from configurator import (DEFAULTS, MODEL_KEYS, STREAM_KEYS, TYPES, check, checkpoint_model, load_checkpoint,
-                          model_config)
+from configurator import (DEFAULTS, MODEL_KEYS, STREAM_KEYS, TYPES, check, check_memory, checkpoint_model,
+                          load_checkpoint, model_config)
 from model import GPT
 from progress import progress_bar
 from rundir import (CKPT, LOG, STOPPED, append_log, lock_run_dir, model_state, save_checkpoint, truncate_log,
@@ -158,9 +158,11 @@ class Trainer:
         self.loader = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'], rank=self.rank,
                                  world_size=self.world_size, data_dir=cfg['data_dir'])
         self.meta = self.loader.meta
-        self.val_batches = self.loader.val_batches(cfg['eval_iters'])
+        val_batches = self.loader.val_batches(cfg['eval_iters'])
         self.val_hash = hashlib.sha256(b''.join(X.numpy().tobytes() + Y.numpy().tobytes()
-                                                for X, Y in self.val_batches)).hexdigest()
+                                                for X, Y in val_batches)).hexdigest()
+        # on the device once: every evaluation reads the same windows
+        self.val_batches = [(X.to(self.device), Y.to(self.device)) for X, Y in val_batches]
 
     def setup_model(self, checkpoint):
         """The GPT (with the checkpoint's weights when resuming), its optimizer and loss scaler, compiled and wrapped in
@@ -176,6 +178,8 @@ class Trainer:
         if checkpoint is not None and vocabulary(checkpoint['meta']) != vocabulary(self.meta):
             raise UserError(f"{cfg['dataset']} has another vocabulary than this run trained on (prepared again?); "
                             f"resume with the data it trained on, or train a new run in another out_dir.")
+        if self.device_type == 'cuda':  # settings() checked the GPU's total memory; now what others left free
+            check_memory(cfg, model_config(self.model_args), where=self.device)
         model = checkpoint_model(checkpoint, self.ckpt_path) if checkpoint else GPT(model_config(self.model_args))
         self.raw_model = model.to(self.device)
         self.optimizer = model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
@@ -191,6 +195,7 @@ class Trainer:
             # every parameter gets a gradient each step (an expert that got no token gets zeros): no unused-parameter
             # search needed
             model = DDP(model, device_ids=[self.local_rank] if self.device_type == 'cuda' else None)
+            model.broadcast_buffers = False  # the only buffers, RoPE's tables, never change: not re-sent every step
         self.model = model
         self.eval_model = model.module if self.ddp else model  # no DDP hooks in evaluation
 
@@ -255,7 +260,7 @@ class Trainer:
         for i in range(self.rank, n, self.world_size):
             X, Y = self.val_batches[i]
             with self.autocast:
-                _, loss, _ = self.eval_model(X.to(self.device), Y.to(self.device))
+                _, loss, _ = self.eval_model(X, Y)
             half = 2 * int(i >= n // 2)
             total[half:half + 2] += torch.stack([loss.double(), torch.ones_like(loss, dtype=torch.float64)])
         if self.ddp:
@@ -270,7 +275,7 @@ class Trainer:
         if not self.has_learned:
             return None
         with device.eager():  # hooks and eval mode must not send compiled blocks into a recompile
-            report = self.raw_model.learned(self.val_batches[0][0].to(self.device))
+            report = self.raw_model.learned(self.val_batches[0][0])
         self.has_learned = any(report['layers'])
         return report if self.has_learned else None
 
@@ -345,22 +350,26 @@ class Trainer:
         self.tokens += self.tokens_per_iter
         return parts, grad_norm
 
-    def log_record(self, window, dt, lr, grad_norm):
-        """A log line's record from the per-step losses since the last one, averaged over processes; Diverged
-        naming the first step whose loss was not finite."""
+    def window_losses(self, window):
+        """The per-step losses since the last log line, averaged over processes, on the host: the window's one sync,
+        so every step of it has run on the device when this returns."""
         losses = torch.stack(window)  # (steps in window, 4)
         if self.ddp:
             dist.all_reduce(losses)  # gloo has no AVG: sum, then divide
             losses /= self.world_size
-        losses = losses.cpu()
+        return losses.cpu()
+
+    def log_record(self, losses, dt, lr, grad_norm):
+        """A log line's record from the window's per-step losses; Diverged naming the first step whose loss was not
+        finite."""
         bad = (~torch.isfinite(losses[:, :2])).any(1).nonzero()
         if len(bad):
-            k = self.iter_num - len(window) + int(bad[0]) + 1  # the iteration this step completed, as in the log
+            k = self.iter_num - len(losses) + int(bad[0]) + 1  # the iteration this step completed, as in the log
             raise Diverged(f"the training loss became non-finite ({losses[int(bad[0]), 0].item()}) at iteration "
                            f"{k}, so the run stopped and {self.last_checkpoint()}; {DIVERGED_HINT}, then resume or "
                            f"start again.")
         total, ce, aux, z = losses[-1].tolist()
-        peak = device.peak_flops(self.device_type, self.cfg['peak_flops'])
+        peak = device.peak_flops(self.device_type, self.dtype, self.cfg['peak_flops'])
         record = {'iter': self.iter_num, 'tokens': self.tokens, 'lr': lr, 'loss': ce, 'ms': dt * 1000.0,
                   'tok_s': self.tokens_per_iter / dt, 'batch_hash': self.loader.batch_hash,
                   'mfu': self.raw_model.estimate_mfu(self.tokens_per_iter // self.world_size, dt, peak) if peak else None}
@@ -384,6 +393,7 @@ class Trainer:
         cfg, nan_at = self.cfg, int(os.environ.get('NANOFFN_NAN_AT', -1))
         pbar = progress_bar(cfg['max_iters'], 'train', initial=self.iter_num, disable=not self.master)
         compiling = device.compile_seconds if self.use_compile else (lambda: 0.0)
+        failed = True
         try:
             if self.iter_num == 0:  # the untrained model's validation loss starts every curve
                 record = {'iter': 0, 'tokens': 0, 'lr': get_lr(0, cfg), 'batch_hash': self.loader.batch_hash}
@@ -401,10 +411,11 @@ class Trainer:
                 is_eval = self.iter_num % cfg['eval_interval'] == 0 or self.iter_num == cfg['max_iters']
                 if not (is_eval or self.iter_num % cfg['log_interval'] == 0):
                     continue
+                losses = self.window_losses(window)  # first: a GPU runs the steps after the loop has queued them
                 # step time leaves out compiling (a compiled run's first steps trace and build their graphs)
                 dt = (time.time() - t_window - (compiling() - c_window)) / len(window)
                 self.train_time += dt * len(window)
-                record = self.log_record(window, dt, lr, grad_norm)
+                record = self.log_record(losses, dt, lr, grad_norm)
                 pbar.set_postfix(loss=f"{record['loss']:.4f}", lr=f'{lr:.2e}', ms=f'{dt * 1000:.0f}')
                 if is_eval:
                     val_loss = self.evaluation(record)
@@ -416,6 +427,7 @@ class Trainer:
                     self.best_val_loss = min(self.best_val_loss, val_loss)
                     self.save_checkpoint(val_loss)
                 window, t_window, c_window = [], time.time(), compiling()  # evaluation and checkpoints left out
+            failed = False
         except BaseException as e:
             pbar.leave = False  # a run that stops says one sentence on stderr: the bar makes way for it
             # a diverged run leaves why in its directory: compare.py counts it as a result, never to retrain; any other
@@ -427,7 +439,7 @@ class Trainer:
                     pass
             raise
         finally:
-            self.close(pbar)
+            self.close(pbar, failed)
         if self.master:
             print(f"done: {self.iter_num} iterations, {self.tokens:,} tokens, " + (
                 f"best val loss {self.best_val_loss:.4f}, checkpoint {self.ckpt_path}" if self.saved_iter is not None
@@ -435,19 +447,21 @@ class Trainer:
             if self.use_compile:  # graphs built, and what the on-disk cache served
                 print('compile: ' + json.dumps(device.compile_stats()))
 
-    def close(self, pbar):
+    def close(self, pbar, failed):
         pbar.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
         if self.lock is not None:
             self.lock.close()
         if self.ddp:
-            # every rank gets here before any tears its process group down: a rank that destroys the group while
-            # another is still in a collective aborts the process
-            try:
-                dist.barrier()
-            except Exception:  # a peer already gone (this run is stopping anyway)
-                pass
+            # after a clean end every rank meets here before any tears its process group down (a rank that destroys
+            # the group while another is still in a collective aborts the process); after a failure the other ranks
+            # may wait in a collective this rank never joins, so it leaves at once and torchrun stops them
+            if not failed:
+                try:
+                    dist.barrier()
+                except Exception:  # a peer already gone (it failed; torchrun stops this run anyway)
+                    pass
             dist.destroy_process_group()
 
 

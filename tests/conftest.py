@@ -18,3 +18,11 @@ def shakespeare_char_dir(tmp_path_factory):
     spec.loader.exec_module(module)
     module.prepare(out_dir=str(root / "shakespeare_char"))
     return str(root)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """fake_gpu(n=1, name='NVIDIA H100 80GB HBM3', total_gib=80, free_gib=None, capability=(9, 0)): torch.cuda sees n
+    such GPUs for the rest of the test (tests/fake_gpu.py); returns the record of the devices set."""
+    import fake_gpu as fake
+    return lambda **kw: fake.install(monkeypatch, **kw)

@@ -90,13 +90,13 @@ def test_auto_device_never_picks_mps_which_bench_does_not_measure(monkeypatch):
 
 def test_bench_sets_up_the_hardware_through_train_pys_device_setup(monkeypatch):
     calls, setup = [], bench.hw.setup
-    monkeypatch.setattr(bench.hw, "setup", lambda *a: calls.append(a) or setup(*a))
+    monkeypatch.setattr(bench.hw, "setup", lambda *a, **kw: calls.append((a, kw)) or setup(*a, **kw))
     threads = torch.get_num_threads()
     try:
         got = bench.setup(bench.parse_args(bench.DEFAULTS, TINY + ["--dtype=float32"])[0])
     finally:
         torch.set_num_threads(threads)
-    assert calls == [("cpu", "float32")] and got[2:] == ("cpu", "float32")
+    assert calls == [(("cpu", "float32"), {"mps": False})] and got[2:] == ("cpu", "float32")
 
 
 def test_profile_shows_the_variant_against_its_baseline(capsys):

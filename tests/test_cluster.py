@@ -50,35 +50,61 @@ def check(p):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# all GPUs of a node: placement (4 GPUs faked by their count and CUDA_VISIBLE_DEVICES)
+# all GPUs of a node: placement (on fake GPUs, tests/fake_gpu.py)
+
+SMALL, LARGE = (1e6, 2**20), (1e13, 2**34)  # (FLOPs per step, bytes): a tiny char model, and one the size of GPT-2's
 
 
 @pytest.fixture
-def four_gpus(monkeypatch):
+def sixteen_cores(monkeypatch):
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(16)), raising=False)
+
+
+@pytest.fixture
+def four_gpus(fake_gpu, monkeypatch, sixteen_cores):
     monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '4,5,6,7')  # not 0..3: a child must be given the parent's names
-    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 4)
+    fake_gpu(n=4)
     return ['4', '5', '6', '7']
 
 
 def test_eight_runs_on_four_gpus_are_two_per_gpu(four_gpus):
-    gpus, jobs = cluster.resolve_jobs(dict(compare.DEFAULTS, device='auto', jobs=8))
+    gpus, jobs, _ = cluster.resolve_jobs(dict(compare.DEFAULTS, device='auto', jobs=8), 8, *LARGE)
     assert gpus == four_gpus and jobs == 8
     envs = [cluster.gpu_env(gpus_of_slot) for gpus_of_slot in cluster.placement(jobs, gpus, 1)]
     assert all(e['CUDA_VISIBLE_DEVICES'] in four_gpus for e in envs)  # exactly one GPU each
     assert collections.Counter(e['CUDA_VISIBLE_DEVICES'] for e in envs) == {g: 2 for g in four_gpus}
-    # by default one run per GPU; DDP runs get GPUs of their own, in groups; a CPU run is not placed at all
-    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cuda', jobs=0)) == (four_gpus, 4)
-    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='auto', jobs=0, nproc_per_run=2)) == (four_gpus, 2)
+    # by default a large model gets one GPU per run; DDP runs get GPUs of their own, in groups
+    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cuda', jobs=0), 99, *LARGE)[:2] == (four_gpus, 4)
+    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='auto', jobs=0, nproc_per_run=2), 99, *LARGE)[:2] == (
+        four_gpus, 2)
     assert cluster.placement(4, four_gpus, 2) == [['4', '5'], ['6', '7'], ['4', '5'], ['6', '7']]
     assert cluster.gpu_env(['6', '7'])['CUDA_VISIBLE_DEVICES'] == '6,7'
-    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cpu', jobs=0)) == ([], 1)
+    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cpu', jobs=0), 99, *LARGE)[:2] == ([], 1)
     # on a CPU with one thread per run: one run per core (each core one single-threaded run)
-    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cpu', jobs=0, threads=1)) == (
-        [], len(os.sched_getaffinity(0)))
-    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cuda:1', jobs=3)) == ([], 3)  # the user's choice
+    assert cluster.resolve_jobs(dict(compare.DEFAULTS, device='cpu', jobs=0, threads=1), 99, *LARGE)[:2] == ([], 16)
     assert cluster.gpu_env(None) == {}
     with pytest.raises(UserError, match='nproc_per_run=8'):
-        cluster.resolve_jobs(dict(compare.DEFAULTS, device='auto', nproc_per_run=8))
+        cluster.resolve_jobs(dict(compare.DEFAULTS, device='auto', nproc_per_run=8), 99, *LARGE)
+
+
+@pytest.mark.parametrize('n_gpus', [1, 2, 8])
+def test_tiny_runs_share_a_gpu_and_large_ones_have_one_each(fake_gpu, sixteen_cores, n_gpus):
+    """A tiny model leaves a GPU idle: up to MAX_SHARE of its runs share one, one CPU core each, as long as their
+    memory estimates fit; a large model's runs take a GPU each; --device=cuda:N puts them all on GPU N."""
+    fake_gpu(n=n_gpus, total_gib=80)
+    names = [str(i) for i in range(n_gpus)]
+    cfg = dict(compare.DEFAULTS, device='auto', jobs=0)
+    per_gpu = min(cluster.MAX_SHARE, 16 // n_gpus)
+    gpus, jobs, why = cluster.resolve_jobs(cfg, 99, *SMALL)
+    assert (gpus, jobs) == (names, per_gpu * n_gpus) and f'up to {per_gpu} per GPU' in why and '--jobs' in why
+    slots = cluster.placement(jobs, gpus, 1)
+    assert collections.Counter(cluster.gpu_env(g)['CUDA_VISIBLE_DEVICES'] for g in slots) == {g: per_gpu for g in names}
+    assert cluster.resolve_jobs(cfg, 99, *LARGE)[:2] == (names, n_gpus)
+    assert cluster.resolve_jobs(cfg, 99, SMALL[0], 60 * 2**30)[:2] == (names, n_gpus)  # two would not fit in 80 GiB
+    # one GPU named: no placement (each run's own set-up picks the GPU), the same rule for how many at a time
+    gpus, jobs, why = cluster.resolve_jobs({**cfg, 'device': f'cuda:{n_gpus - 1}'}, 99, *SMALL)
+    assert (gpus, jobs) == ([], min(cluster.MAX_SHARE, 16)) and f'GPU {n_gpus - 1}' in why
+    assert cluster.placement(jobs, gpus, 1) == [None] * jobs
 
 
 def test_cpu_runs_at_a_time_count_the_cores_this_process_may_use(monkeypatch):
@@ -86,8 +112,8 @@ def test_cpu_runs_at_a_time_count_the_cores_this_process_may_use(monkeypatch):
     monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1, 2, 3}, raising=False)
     monkeypatch.setattr(os, 'cpu_count', lambda: 64)
     cfg = dict(compare.DEFAULTS, device='cpu', jobs=0, threads=1)
-    assert cluster.resolve_jobs(cfg) == ([], 4)
-    assert cluster.resolve_jobs({**cfg, 'nproc_per_run': 2}) == ([], 2)
+    assert cluster.resolve_jobs(cfg, 99, *SMALL)[:2] == ([], 4)
+    assert cluster.resolve_jobs({**cfg, 'nproc_per_run': 2}, 99, *SMALL)[:2] == ([], 2)
 
 
 class FakeProcess:

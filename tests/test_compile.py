@@ -1,4 +1,5 @@
-"""torch.compile in train.py: regional compilation compiles each distinct graph once (training, and evaluation) and
+"""torch.compile in train.py: regional compilation compiles each distinct graph once (the block and the head, each for
+training and for evaluation) and
 never again within a run; a second process of the same variant is served from the shared on-disk caches; compiled
 training follows eager training; checkpoints keep plain keys; --compile defaults to on for CUDA only.
 
@@ -56,14 +57,14 @@ def cache_runs(shakespeare_char_dir, tmp_path_factory):
 
 def test_second_process_is_served_from_the_cache(cache_runs):
     _, _, (first, second) = cache_runs
-    # the block's training graph (forward + backward: 2 compiled code modules) and its evaluation graph (no_grad: 1),
-    # both AOTAutograd cache entries: compiled, MoA-GLU is plain operations, no custom autograd Function (a graph with
-    # one is skipped by that cache and traced again by every process)
-    assert first['graphs'] == second['graphs'] == 2
-    assert first['fx_cache_hit'] == 0 and first['fx_cache_miss'] == 3
-    assert first['aot_cache_hit'] == 0 and first['aot_cache_miss'] == 2
-    assert second['fx_cache_miss'] == 0 and second['fx_cache_hit'] == 3
-    assert second['aot_cache_miss'] == 0 and second['aot_cache_hit'] == 2
+    # the block's and the head's training graphs (forward + backward: 2 compiled code modules each) and evaluation
+    # graphs (no_grad: 1 each), all AOTAutograd cache entries: compiled, MoA-GLU is plain operations, no custom autograd
+    # Function (a graph with one is skipped by that cache and traced again by every process)
+    assert first['graphs'] == second['graphs'] == 4
+    assert first['fx_cache_hit'] == 0 and first['fx_cache_miss'] == 6
+    assert first['aot_cache_hit'] == 0 and first['aot_cache_miss'] == 4
+    assert second['fx_cache_miss'] == 0 and second['fx_cache_hit'] == 6
+    assert second['aot_cache_miss'] == 0 and second['aot_cache_hit'] == 4
 
 
 # train.py's main in a fresh process, then Dynamo's own record of what it compiled (forward frames; a backward
@@ -91,10 +92,12 @@ def test_one_compile_per_graph_and_no_recompiles(cache_runs, shakespeare_char_di
               launcher=[sys.executable, '-c', COUNT], extra_env={'TORCHINDUCTOR_CACHE_DIR': cache})
     assert_ok(p)
     counted = json.loads(next(l for l in p.stdout.splitlines() if l.startswith('counted: '))[len('counted: '):])
-    assert counted['graphs'] == 2
+    assert counted['graphs'] == 4
     frames = counted['frames']
-    assert [(name, os.path.basename(path)) for name, path, _ in frames] == [('forward', 'model.py')] * 2
-    assert frames[0][2] is None and 'grad_mode' in frames[1][2]  # the first is evaluation at iteration 0 (no_grad)
+    names = [(name, os.path.basename(path)) for name, path, _ in frames]
+    assert names == [('forward', 'model.py'), ('head', 'model.py')] * 2
+    # the first two are evaluation at iteration 0 (no_grad), the next two training
+    assert frames[0][2] is frames[1][2] is None and all('grad_mode' in f[2] for f in frames[2:])
     records = log(out)
     evals = [r for r in records if 'val_loss' in r]
     assert [r['iter'] for r in evals] == [0, 3, 6, 7]
@@ -123,7 +126,7 @@ def test_ddp_with_regional_compile_matches_one_process(cache_runs, shakespeare_c
     p = train(shakespeare_char_dir, ddp_out, *SHAPE, '--compile=True', '--seed=1', launcher=torchrun,
               extra_env={'TORCHINDUCTOR_CACHE_DIR': cache})
     assert_ok(p)
-    assert compile_line(p)['graphs'] == 2  # rank 0's process: training and evaluation, no graph of its own for DDP
+    assert compile_line(p)['graphs'] == 4  # rank 0's process: block and head, training and evaluation; none for DDP
     assert_ok(train(shakespeare_char_dir, one_out, *SHAPE, '--compile=False', '--seed=1',
                     '--gradient_accumulation_steps=2'))
     assert_same_losses(ddp_out, one_out)

@@ -71,6 +71,27 @@ def test_grouped_mm_equals_per_expert_loop(ffn):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_the_grouped_matmul_is_torchs_public_one_or_on_hopper_its_private_one(fake_gpu, monkeypatch):
+    """torch.nn.functional.grouped_mm (torch 2.10+) takes fp32 and bf16 on a CPU and bf16 on CUDA; torch 2.8-2.9 have
+    only torch._grouped_mm, for CUDA bf16 on compute capability 9.0 and newer; everything else takes the loop."""
+    import expert_mm
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    a, w = torch.randn(8, 16), torch.randn(2, 16, 16)
+    assert expert_mm._grouped_mm_ok(a, w) == hasattr(F, "grouped_mm")
+    assert not expert_mm._grouped_mm_ok(a, w[:, :, :3])  # rows of 12 bytes: not 16-byte aligned
+    monkeypatch.setattr(expert_mm, "PUBLIC", False)
+    monkeypatch.setattr(expert_mm, "GROUPED_MM", torch._grouped_mm)
+    assert not expert_mm._grouped_mm_ok(a, w)
+    with FakeTensorMode():  # shapes, dtypes and devices only: no GPU needed
+        cuda = lambda t, dtype: torch.empty(t.shape, dtype=dtype, device="cuda")
+        for capability, ok in (((9, 0), True), ((8, 0), False)):
+            fake_gpu(capability=capability)
+            assert expert_mm._grouped_mm_ok(cuda(a, torch.bfloat16), cuda(w, torch.bfloat16)) == ok
+            assert not expert_mm._grouped_mm_ok(cuda(a, torch.float32), cuda(w, torch.float32))
+    monkeypatch.setattr(expert_mm, "GROUPED_MM", None)  # torch 2.6-2.7
+    assert not expert_mm._grouped_mm_ok(a, w)
+
+
 def routed_batch(moe, preferred):
     """Tokens of E types (one-hot inputs); type j's router logits are large for the experts in preferred(j)."""
     E, d = moe.n_expert, moe.router.weight.shape[1]

@@ -318,14 +318,15 @@ def test_activation_settings_are_checked_before_anything_runs():
             configurator.check(cfg)
 
 
-def test_device_names_are_checked(monkeypatch):
+def test_device_names_are_checked(fake_gpu):
     from device import resolve_device
     for bad in ('cuda:x', 'cpu:0', 'gpu', 'cuda:'):
         with pytest.raises(UserError, match='--device expects'):
             resolve_device(bad)
-    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)  # as on a machine with two GPUs
-    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
-    assert resolve_device('cuda:1') == 'cuda:1'
+    with pytest.raises(UserError, match='no CUDA GPU is available here'):
+        resolve_device('cuda')
+    fake_gpu(n=2)  # as on a machine with two GPUs
+    assert resolve_device('cuda:1') == 'cuda:1' and resolve_device('cuda') == 'cuda:0'
     with pytest.raises(UserError, match='2 CUDA GPU'):
         resolve_device('cuda:2')
 
@@ -394,3 +395,56 @@ def test_max_iters_0_names_no_checkpoint(shakespeare_char_dir, tmp_path, capsys)
     done = capsys.readouterr().out.splitlines()[-1]
     assert done.startswith('done: 0 iterations') and 'no checkpoint' in done
     assert not os.path.exists(tmp_path / 'run' / 'ckpt.pt')
+
+
+def test_a_log_lines_step_time_counts_the_wait_for_the_device(shakespeare_char_dir, tmp_path, monkeypatch):
+    """On a GPU the loop only queues each step's work, and the log line's one sync (window_losses) waits for it to
+    run: the step time is read after that wait, so it counts the work. Here the wait is made 0.2 s long."""
+    import time
+    window_losses = train_py.Trainer.window_losses
+    monkeypatch.setattr(train_py.Trainer, 'window_losses', lambda self, w: time.sleep(0.2) or window_losses(self, w))
+    out = str(tmp_path / 'run')
+    train_here(shakespeare_char_dir, out, '--max_iters=4', '--eval_interval=4', '--log_interval=2')
+    steps = [r['ms'] for r in log(out) if 'ms' in r]
+    assert len(steps) == 2 and all(ms >= 100 for ms in steps), steps  # 0.2 s over a window of 2 steps
+
+
+def trainer(data_dir, out_dir, *args):
+    cfg, checkpoint = train_py.settings([*TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args])
+    return train_py.Trainer(cfg, checkpoint)
+
+
+def test_evaluation_copies_nothing_to_the_device(shakespeare_char_dir, tmp_path, monkeypatch):
+    """The fixed validation windows are placed on the device once, when the run starts, not at every evaluation."""
+    t = trainer(shakespeare_char_dir, str(tmp_path / 'run'), '--eval_iters=3')
+    try:
+        assert len(t.val_batches) == 3 and all(X.device.type == t.device_type for X, _ in t.val_batches)
+        copies, to = [], torch.Tensor.to
+        to_device = lambda a, kw: 'device' in kw or any(isinstance(v, (str, torch.device)) for v in a)
+        monkeypatch.setattr(torch.Tensor, 'to', lambda self, *a, **kw: (copies.append(a) if to_device(a, kw) else None)
+                            or to(self, *a, **kw))
+        t.evaluate()
+        assert copies == []
+    finally:
+        t.lock.close()
+
+
+def test_ddp_does_not_broadcast_buffers_nothing_changes(shakespeare_char_dir, tmp_path, monkeypatch):
+    """DDP's default re-sends every buffer from rank 0 before each forward; the model's only buffers are RoPE's
+    tables, which training never changes."""
+    import socket
+    import torch.distributed as dist
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    for key, value in dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, MASTER_ADDR='127.0.0.1', MASTER_PORT=port).items():
+        monkeypatch.setenv(key, str(value))
+    try:
+        t = trainer(shakespeare_char_dir, str(tmp_path / 'run'))
+        t.lock.close()
+        assert isinstance(t.model, torch.nn.parallel.DistributedDataParallel) and t.model.broadcast_buffers is False
+        assert [name for name, _ in t.raw_model.named_buffers()] == ['transformer.h.0.attn.cos',
+                                                                      'transformer.h.0.attn.sin']
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
