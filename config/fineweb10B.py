@@ -1,6 +1,7 @@
 # GPT-2 small (~124M parameters) on FineWeb 10B, one GPU; llm.c's 3.28 validation loss is a reference, not a promise.
 #   python data/fineweb10B/prepare.py --shards=103 && python train.py config/fineweb10B.py   # --ffn=... to compare
-# Tokens: 10.0B, llm.c's GPT-2 (124M) budget. Time: an ESTIMATE, never measured: about 6 hours on one H100/H200.
+# Tokens: 10.0B, llm.c's GPT-2 (124M) budget. Time: about 6.5 hours on one H200, an ESTIMATE from bench.py's 429k
+# tokens/s at this shape (BENCHMARKS.md, GPU), evaluation left out.
 
 exec(open('config/owt.py').read())  # GPT-2 small and its AdamW recipe (run from the repo root, as every config)
 out_dir = 'out-fineweb10B'

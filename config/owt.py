@@ -1,7 +1,8 @@
 # A GPT-2-small-sized dense model (12 layers, 12 heads, d=768, ~124M parameters) on OpenWebText, one GPU.
 #   python data/openwebtext/prepare.py --subsets=0-6 && python train.py config/owt.py   # --ffn=... to compare
 #   torchrun --standalone --nproc_per_node=8 train.py config/owt.py --gradient_accumulation_steps=4  # same tokens/iter
-# Tokens: 2.6B (~21 per parameter). Time: an ESTIMATE, never measured: about 1.5-2 hours on one H100/H200.
+# Tokens: 2.6B (~21 per parameter). Time: about 1.7 hours on one H200, an ESTIMATE from bench.py's 429k tokens/s at this
+# shape (BENCHMARKS.md, GPU), evaluation left out.
 
 out_dir = 'out-owt'
 dataset = 'openwebtext'

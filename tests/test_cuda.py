@@ -4,10 +4,11 @@ They are collected everywhere and skipped, with the reason, where torch sees no 
 What they establish on the GPU, where the CPU tests cannot look:
 - every FFN variant, compiled and run in bf16 autocast as training runs it, computes the loss, logits and gradients
   of the eager fp32 model within a stated tolerance, with no graph break;
-- the MoE's grouped matmul (torch.nn.functional.grouped_mm, bf16 on CUDA) gives the per-expert loop's outputs and
-  gradients, and the compiled bf16 MoE GPT has no graph break;
+- the MoE's grouped matmul (expert_mm.GROUPED_MM, bf16 on CUDA) gives the per-expert loop's outputs and gradients,
+  and the compiled bf16 MoE GPT has no graph break;
 - the optimizer is fused AdamW and steps like the unfused one;
-- a 20-step compare.py on synthetic shards trains every run, logs an MFU between 0 and 1, and learns.
+- a 20-step compare.py of a dense and an MoE variant on synthetic shards, compiled in bf16, shares the GPU, trains
+  both runs, logs an MFU between 0 and 1, and learns.
 """
 import json
 import os
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 import device
-import model as model_module
+import expert_mm
 from activations import VARIANTS
 from model import GPTConfig
 from data.shards import write_shard
@@ -96,12 +97,14 @@ def test_compiled_bf16_matches_eager_fp32_without_graph_breaks(variant):
 
 @pytest.mark.parametrize('ffn', ['relu', 'swiglu', 'moa_glu'])
 def test_moe_grouped_mm_in_bf16_equals_the_per_expert_loop(ffn, monkeypatch):
+    if not expert_mm._grouped_mm_ok(*(torch.empty(1, 16, device='cuda', dtype=torch.bfloat16),) * 2):
+        pytest.skip(f"torch {torch.__version__} has no grouped matmul for bf16 on {torch.cuda.get_device_name()}")
     gpt = tiny_gpt(ffn, n_expert=4, top_k=2, n_layer=1)
     moe = gpt.transformer.h[0].ffn
     x = torch.randn(4, 64, 128, device='cuda')
     calls = []
-    grouped_mm = torch.nn.functional.grouped_mm
-    monkeypatch.setattr(model_module.F, 'grouped_mm', lambda *a, **kw: calls.append(1) or grouped_mm(*a, **kw))
+    grouped_mm = expert_mm.GROUPED_MM
+    monkeypatch.setattr(expert_mm, 'GROUPED_MM', lambda *a, **kw: calls.append(1) or grouped_mm(*a, **kw))
     results = {}
     for grouped in (True, False):
         moe.use_grouped_mm = grouped
@@ -147,43 +150,38 @@ def test_optimizer_is_fused_adamw_and_steps_like_the_unfused_one():
         assert rel_err(a, b) < 1e-4, name
 
 
-@pytest.fixture(scope='module')
-def compared(tmp_path_factory):
-    """compare.py, 2 variants x 1 seed x 20 iterations, on the GPU with its defaults (bf16, compiled), on synthetic
-    shards: a fixed random sequence of period 61 repeated, which a model can learn in 20 steps."""
-    root = tmp_path_factory.mktemp('cuda')
-    folder = root / 'data' / 'synthetic'
+def test_a_20_step_compare_of_a_dense_and_an_moe_variant_trains_both_on_one_gpu(tmp_path):
+    """compare.py, gelu and moa_glu as an MoE x 1 seed x 20 iterations, on the GPU with its defaults (bf16, compiled,
+    runs placed by their size), on synthetic shards: a fixed random sequence of period 61 repeated, which a model can
+    learn in 20 steps."""
+    folder = tmp_path / 'data' / 'synthetic'
     folder.mkdir(parents=True)
     period = np.random.default_rng(0).integers(0, VOCAB, 61)
     write_shard(str(folder / 'train_000.bin'), np.tile(period, 2000))
     write_shard(str(folder / 'val_000.bin'), np.tile(period, 200))
     (folder / 'meta.json').write_text(json.dumps({'tokenizer': 'synthetic', 'vocab_size': VOCAB}))
-    out = root / 'cmp'
+    out = tmp_path / 'cmp'
+    variants = ('gelu', 'moa_glu:n_expert=4')
     # the default comparison's config is read first (CPU settings): every setting that matters is given here
-    cmd = [sys.executable, 'compare.py', f'--data_dir={root / "data"}', '--dataset=synthetic', f'--out_dir={out}',
-           '--device=cuda', '--compile=True', '--dtype=bfloat16', '--variants=gelu,moa_glu', '--seeds=1', '--lrs=', '--jobs=2',
-           '--max_iters=20', '--lr_decay_iters=20', '--eval_interval=10', '--log_interval=5', '--eval_iters=4',
-           '--warmup_iters=2', '--learning_rate=3e-3', '--min_lr=3e-4', '--n_layer=2', '--n_head=4', '--n_embd=128',
-           '--block_size=128', '--batch_size=16']
-    if device.peak_flops('cuda', 0) is None:  # a GPU missing from device.PEAK_FLOPS: MFU against an H100's peak
+    cmd = [sys.executable, 'compare.py', f'--data_dir={tmp_path / "data"}', '--dataset=synthetic', f'--out_dir={out}',
+           '--device=cuda', '--compile=auto', '--dtype=auto', f'--variants={",".join(variants)}', '--seeds=1',
+           '--lrs=', '--jobs=0', '--threads=0', '--max_iters=20', '--lr_decay_iters=20', '--eval_interval=10',
+           '--log_interval=5', '--eval_iters=4', '--warmup_iters=2', '--learning_rate=3e-3', '--min_lr=3e-4',
+           '--n_layer=2', '--n_head=4', '--n_embd=128', '--block_size=128', '--batch_size=16']
+    if device.peak_flops('cuda', 'bfloat16', 0) is None:  # a GPU missing from device.PEAK_FLOPS: MFU against an H100's
         cmd.append('--peak_flops=989e12')
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    logs = {v: [json.loads(l) for l in open(out / v / 'seed1337' / 'log.jsonl')] for v in ('gelu', 'moa_glu')}
-    return json.loads((out / 'summary.json').read_text()), logs
-
-
-def test_a_20_step_compare_on_synthetic_shards_trains_both_runs_on_the_gpu(compared):
-    summary, logs = compared
+    assert '2 at a time on GPU 0, up to' in p.stderr and 'too small to fill a GPU' in p.stderr  # tiny runs share it
+    logs = {v: [json.loads(l) for l in open(out / v / 'seed1337' / 'log.jsonl')] for v in variants}
     for variant, log in logs.items():
         assert log[-1]['iter'] == 20 and 'val_loss' in log[-1]
         assert log[-1]['val_loss'] < log[0]['val_loss'] - 0.5, variant  # it learned the repeating sequence
-    assert logs['gelu'][-1]['batch_hash'] == logs['moa_glu'][-1]['batch_hash']  # the same batches for both
-    text = json.dumps(summary)
-    assert 'gelu' in text and 'moa_glu' in text
-
-
-def test_mfu_is_between_0_and_1(compared):
-    _, logs = compared
-    mfus = [r['mfu'] for log in logs.values() for r in log if 'mfu' in r]
-    assert mfus and all(m is not None and 0 < m < 1 for m in mfus), mfus
+        mfus = [r['mfu'] for r in log if 'mfu' in r]
+        assert mfus and all(m is not None and 0 < m < 1 for m in mfus), (variant, mfus)
+    assert logs['moa_glu:n_expert=4'][-1]['aux'] > 0  # the MoE's load-balance loss: it was an MoE
+    assert logs['gelu'][-1]['batch_hash'] == logs['moa_glu:n_expert=4'][-1]['batch_hash']  # the same batches
+    summary = json.loads((out / 'summary.json').read_text())
+    assert set(summary['variants']) == set(variants)
+    ckpt = torch.load(out / 'gelu' / 'seed1337' / 'ckpt.pt', map_location='cpu', weights_only=True)
+    assert ckpt['compiled'] is True and ckpt['config']['dtype'] == 'auto'
