@@ -112,16 +112,28 @@ def loss_at(x, loss, budget):
 
 
 def choose_rate(losses):
-    """losses: {rate: [final loss per seed, None for a run that failed]}. The rate whose mean over seeds is lowest (a
-    rate with a failed seed counts as a failure, never a choice unless every rate failed); 'edge': 'low' or 'high'
-    when that is the smallest or largest rate tried (the optimum may lie beyond), else None; 'mean' per rate, None
-    for a failure."""
-    mean = {r: statistics.fmean(v) if v and None not in v and all(map(math.isfinite, v)) else math.inf
-            for r, v in losses.items()}
+    """losses: {rate: [final loss per seed, None for a run that failed]}. The one-standard-error rule (Breiman et al.
+    1984, "Classification and Regression Trees"; glmnet's lambda.1se): find the rate of lowest mean over seeds, then
+    step down to smaller rates while their mean stays within one standard error of that lowest mean (SE = std/√n over
+    its seeds): rates within the seed noise of each other are tied, and the tie goes to the smaller, more stable one. A
+    rate with a failed seed is a failure, never a choice unless every rate failed. Returns 'best' (the chosen rate);
+    'lowest' (the rate of lowest mean); 'edge': 'low' when the choice is the smallest rate tried or 'high' when the
+    lowest mean is at the largest (the optimum may lie beyond), else None; 'margin': how decisive the choice was, the
+    gap from its mean to the next best rate's in the choice's standard errors (< 0: the choice won a tie); and 'mean'
+    and 'se' per rate, None for a failure."""
+    ok = lambda v: v and None not in v and all(map(math.isfinite, v))
+    mean = {r: statistics.fmean(v) if ok(v) else math.inf for r, v in losses.items()}
+    se = {r: statistics.stdev(v) / math.sqrt(len(v)) if ok(v) and len(v) > 1 else None for r, v in losses.items()}
     rates = sorted(mean)
-    best = min(rates, key=lambda r: (mean[r], r))
-    edge = None if len(rates) < 2 else 'low' if best == rates[0] else 'high' if best == rates[-1] else None
-    return {'best': best, 'edge': edge, 'mean': {repr(r): m if m < math.inf else None for r, m in mean.items()}}
+    lowest = min(rates, key=lambda r: (mean[r], r))
+    best = lowest
+    while (i := rates.index(best)) > 0 and se[lowest] is not None and mean[rates[i - 1]] <= mean[lowest] + se[lowest]:
+        best = rates[i - 1]
+    edge = None if len(rates) < 2 else 'low' if best == rates[0] else 'high' if lowest == rates[-1] else None
+    others = [mean[r] for r in rates if r != best and mean[r] < math.inf]
+    margin = (min(others) - mean[best]) / se[best] if others and se[best] and mean[best] < math.inf else None
+    return {'best': best, 'lowest': lowest, 'edge': edge, 'margin': margin,
+            'mean': {repr(r): m if m < math.inf else None for r, m in mean.items()}, 'se': {repr(r): se[r] for r in rates}}
 
 
 def compute_for_loss(fit, loss):
