@@ -205,13 +205,19 @@ def check_dataset(cfg):
         open_loader()
 
 
+def settings_differ(bad):
+    """The refusal of runs trained with other settings (without --overwrite): before any run trains, and again for
+    each run once it is locked, since another comparison may have trained it meanwhile."""
+    return UserError(f"{bad[0].describe_mismatch()}; use another --out_dir, or pass --overwrite=True to retrain the "
+                     f"{len(bad)} run(s) whose settings differ.")
+
+
 def to_do(cfg, runs):
     """The runs to train, seed by seed so that each variant compiles once; a UserError for another run's directory
     (unless --overwrite) or, with --report, for any run not finished."""
     bad = [r for r in runs if r.state == 'mismatch']
     if bad and not cfg['overwrite']:
-        raise UserError(f"{bad[0].describe_mismatch()}; use another --out_dir, or pass --overwrite=True to retrain "
-                        f"the {len(bad)} run(s) whose settings differ.")
+        raise settings_differ(bad)
     todo = sorted((r for r in runs if r.state not in FINISHED), key=lambda r: r.seed)
     if todo and cfg['report']:
         where = f"is at iteration {todo[0].records[-1]['iter']}" if todo[0].records else 'has not started'
@@ -306,9 +312,10 @@ def last_error_line(path):
     return next((l for l in reversed(lines) if l.startswith(('error:', 'stopped:'))), lines[-1] if lines else '')
 
 
-def train_all(todo, slots, threads, pbar):
+def train_all(todo, slots, threads, overwrite, pbar):
     """Train the runs of todo, one per slot (its GPUs: cluster.placement) at a time; returns them read again. A run
-    whose directory another process holds (a second compare.py) is left to it, then reused or resumed."""
+    whose directory another process holds (a second compare.py) is left to it, then reused or resumed, or refused if
+    it trained it with other settings (unless overwrite)."""
     pending, active, waiting, free, done = list(todo), [], set(), list(range(len(slots))), {}
     try:
         while pending or active:
@@ -323,6 +330,9 @@ def train_all(todo, slots, threads, pbar):
                     continue
                 pending.remove(run)
                 now = scan(run.spec)  # another process may have trained it meanwhile
+                if now.state == 'mismatch' and not overwrite:
+                    lock.close()
+                    raise settings_differ([now])
                 if now.state in FINISHED:
                     lock.close()
                     done[run.dir] = now
@@ -381,7 +391,7 @@ def train_missing(cfg, comp, runs):
             pbar.write(f"{run.name}: to train again: its log has no intact record of its checkpoint's evaluation",
                        file=sys.stderr)
     trained = {r.dir: r for r in train_all(todo, cluster.placement(jobs, gpus, cfg['nproc_per_run']), cfg['threads'],
-                                           pbar)}
+                                           cfg['overwrite'], pbar)}
     pbar.close()
     return [trained.get(r.dir, r) for r in runs]
 

@@ -118,7 +118,7 @@ def test_train_all_keeps_two_runs_per_gpu(four_gpus, tmp_path, monkeypatch):
     monkeypatch.setattr(compare.subprocess, 'Popen', popen)
     monkeypatch.setattr(compare.time, 'sleep', lambda s: None)
     planned = [runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path)), 'gelu', s) for s in range(12)]
-    compare.train_all([runs.scan(r) for r in planned], cluster.placement(8, four_gpus, 1), 0,
+    compare.train_all([runs.scan(r) for r in planned], cluster.placement(8, four_gpus, 1), 0, False,
                       progress.PlainProgress(12, 'runs'))
     records = [read_json(os.path.join(r['dir'], RECORD)) for r in planned]
     assert len(started) == 12 and all(rec['at_once'] == 8 for rec in records)
@@ -126,7 +126,7 @@ def test_train_all_keeps_two_runs_per_gpu(four_gpus, tmp_path, monkeypatch):
     assert collections.Counter(p.gpu for p in started[:8]) == {g: 2 for g in four_gpus}
     # one run left to train has 8 slots to itself: it trains alone, and its record says so (its tok/s depend on it)
     compare.train_all([runs.scan(runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path / 'one')), 'gelu', 0))],
-                      cluster.placement(8, four_gpus, 1), 0, progress.PlainProgress(1, 'runs'))
+                      cluster.placement(8, four_gpus, 1), 0, False, progress.PlainProgress(1, 'runs'))
     assert read_json(os.path.join(tmp_path, 'one', 'gelu', 'seed0', RECORD))['at_once'] == 1
 
 

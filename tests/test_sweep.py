@@ -60,7 +60,7 @@ def u_loss(run, half):
 
 def train_synthetically(cfg, monkeypatch):
     """compare.run_comparison's steps, each run 'trained' with the synthetic losses; returns its runs as scanned."""
-    def train_all(todo, slots, threads, pbar):
+    def train_all(todo, slots, threads, overwrite, pbar):
         for r in todo:
             finish(r.spec, u_loss(r.spec, 0), u_loss(r.spec, 1))
         return [runs_py.scan(r.spec) for r in todo]
