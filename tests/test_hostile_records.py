@@ -20,6 +20,7 @@ import cli  # noqa: E402
 import compare  # noqa: E402
 import configurator  # noqa: E402
 import inspect_run  # noqa: E402
+import report  # noqa: E402
 import rundir  # noqa: E402
 import sample  # noqa: E402
 import train  # noqa: E402
@@ -196,16 +197,43 @@ def test_lines_the_parser_cannot_take_are_set_aside():
         assert rundir.parse_record(line) is None
 
 
+def reshaped(learned):
+    """Copies of a GPT.learned report, each with one value of another shape: a quantity, or one of its named numbers,
+    made a list (e.g. "alpha": [1, 2] for {"gelu": 1, "silu": 2}), or a quantity's names nested one level deeper."""
+    for i, layer in enumerate(learned['layers']):
+        for part, quantities in layer.items():
+            for q, value in quantities.items():
+                named = isinstance(value, dict)
+                for other in ([list(value.values()), {'x': value}] + [{**value, n: [x]} for n, x in value.items()]
+                              if named else [[value], {'x': {'y': value}}]):
+                    copy = json.loads(json.dumps(learned))
+                    copy['layers'][i][part][q] = other
+                    yield copy
+
+
 @pytest.mark.parametrize('variant', list(VARIANTS))
 def test_what_train_py_logs_reads_back(variant):
-    """Every variant's evaluation record, with what its activations learned in a dense and an MoE block, is a record."""
+    """Every variant's evaluation record, with what its activations learned in a dense and an MoE block, is a record;
+    with any of those values of another shape (or a key beside the layers) it is set aside."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=65, ffn=variant, n_expert=2,
                           moe_every=2))
     learned = model.learned(torch.randint(65, (2, 8)))
-    line = json.dumps({**GOOD, 'ms': 12.5, 'tok_s': 1e4, 'grad_norm': 0.5, 'loss_total': 4.01, 'aux': 0.01, 'z': 1e-3,
-                       'act': learned})
-    assert rundir.parse_record(line) == json.loads(line)
+    record = lambda act: json.dumps({**GOOD, 'ms': 12.5, 'tok_s': 1e4, 'grad_norm': 0.5, 'loss_total': 4.01,
+                                     'aux': 0.01, 'z': 1e-3, 'act': act})
+    assert rundir.parse_record(record(learned)) == json.loads(record(learned))
+    others = list(reshaped(learned)) + [{**learned, 'n_layer': 2}]
+    assert len(others) >= 5 and all(rundir.parse_record(record(act)) is None for act in others)
+
+
+def test_seeds_whose_learned_quantities_disagree_in_shape_are_averaged_where_they_agree():
+    """Two records as the schema allows them, one seed's alpha named numbers and the other's a number: the summary's
+    mean leaves alpha out, in either order, and keeps what the seeds agree on."""
+    a = {'layers': [{'act': {'alpha': {'gelu': 1.0, 'silu': 0.0}, 'c_std': {'gelu': 0.5}}}]}
+    b = {'layers': [{'act': {'alpha': 0.5, 'c_std': {'gelu': 0.25}}}]}
+    assert all(rundir.parse_record(json.dumps({**GOOD, 'act': act})) for act in (a, b))
+    for seeds in ([a, b], [b, a]):
+        assert report.mean_over_seeds(seeds) == {'layers': [{'act': {'c_std': {'gelu': 0.375}}}]}
 
 
 def test_a_real_run_logs_only_records(world):
