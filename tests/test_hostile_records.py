@@ -127,6 +127,21 @@ CHECKPOINTS = [
     ('a setting of another type', lambda c: c['config'].update(batch_size='4'), ["its config['batch_size'] is '4'"]),
     ('model_args of a model too big', lambda c: c['model_args'].update(n_embd=2**20),
      ['they hold fewer values than its 13,194,273,751,040 parameters']),
+    # each process's states, as their writers make them
+    ('an optimizer without its state', lambda c: c['optimizer'].pop('state'), ["its optimizer's 'state' is missing"]),
+    ('optimizer groups without their parameters', lambda c: c['optimizer']['param_groups'][0].pop('params'),
+     ["its optimizer's param_groups are not lists of parameter ids"]),
+    ('a numpy RNG state a word short', lambda c: c['rng'][0]['numpy'][1].pop(),
+     ["its rng[0]['numpy'] is not as train.py saves it"]),
+    ('a Python RNG position past its words', lambda c: c['rng'][0].update(python=(3, (0,) * 624 + (700,), None)),
+     ["its rng[0]['python'] is not as train.py saves it"]),
+    ('a torch RNG state cut short', lambda c: c['rng'][0].update(torch=c['rng'][0]['torch'][:100]),
+     ["its rng[0]['torch'] is not as train.py saves it"]),
+    ('an RNG state of numbers', lambda c: c['rng'].__setitem__(0, 5), ['its rng[0] is a int']),
+    ('a negative loader position', lambda c: c['loader'][0].update(step=-1), ["its loader[0]['step'] is -1"]),
+    ('a batch hash that is not hex', lambda c: c['loader'][0].update(batch_hash='xyz'),
+     ["its loader[0]['batch_hash'] is 'xyz'"]),
+    ('a loader state without its seed', lambda c: c['loader'][0].pop('seed'), ["its loader[0]['seed'] is missing"]),
 ]
 READERS = {'resume': (train, lambda d: ['--init_from=resume', f'--out_dir={d}']),
            'sample': (sample, lambda d: [f'--out_dir={d}', '--device=cpu']),
@@ -145,6 +160,39 @@ def test_checkpoints_of_the_wrong_content(case, change, words, reader, world, tm
     code, err = call(script.main, argv(tmp_path), capsys)
     assert_one_sentence(code, err, 2, [str(tmp_path / 'ckpt.pt')] + words)
     assert files(world.root, tmp_path) == before  # the checkpoint and the log as they were
+
+
+def moment_of_another_shape(ckpt):
+    ckpt['optimizer']['state'][0]['exp_avg'] = torch.zeros(3)
+
+
+def a_parameter_in_the_other_group(ckpt):
+    groups = ckpt['optimizer']['param_groups']
+    groups[1]['params'].append(groups[0]['params'].pop())
+
+
+OPTIMIZERS = [
+    ('a moment of another shape', moment_of_another_shape,
+     ["its optimizer's state[0] holds {'step': [], 'exp_avg': [3], 'exp_avg_sq': [128, 32]}", 'AdamW keeps']),
+    ('a moment missing', lambda c: c['optimizer']['state'][0].pop('exp_avg_sq'), ["its optimizer's state[0] holds"]),
+    ('a parameter in the other group', a_parameter_in_the_other_group,
+     ["its optimizer's param_groups hold [4, 4] parameters where the model's optimizer holds [5, 3]"]),
+]
+
+
+@pytest.mark.parametrize('case,change,words', OPTIMIZERS, ids=[c[0] for c in OPTIMIZERS])
+def test_an_optimizer_state_that_does_not_fit_the_model_is_refused_before_a_resume(case, change, words, world,
+                                                                                  tmp_path, capsys):
+    """In torch's form, but not the state of the AdamW the checkpoint's model has: refused before the run directory
+    changes, not at the first step (torch checks a moment's shape nowhere)."""
+    ckpt = torch.load(os.path.join(world.run, 'ckpt.pt'), weights_only=True)
+    change(ckpt)
+    torch.save(ckpt, tmp_path / 'ckpt.pt')
+    shutil.copy(os.path.join(world.run, 'log.jsonl'), tmp_path)
+    before = files(world.root, tmp_path)
+    code, err = call(train.main, ['--init_from=resume', f'--out_dir={tmp_path}', '--max_iters=4'], capsys)
+    assert_one_sentence(code, err, 2, [f"cannot use the checkpoint {tmp_path / 'ckpt.pt'}"] + words)
+    assert files(world.root, tmp_path) == before
 
 
 # ----------------------------------------------------------------------------------------------------------------------
