@@ -59,6 +59,7 @@ DEFAULT_CONFIG = 'config/compare_shakespeare_char.py'  # what `python compare.py
 BUNDLED = ('shakespeare_char', 'shakespeare')  # built from the corpus in the repo in seconds, so prepared on demand
 MAX_EXTEND = 3  # --lr_extend tries at most this many rates beyond each edge of the grid
 MAX_GRID = 10  # --lr_grid=K spans learning_rate x 2^-K .. 2^K: past 2^10 either way is a typo, not a sweep
+MAX_SEEDS = 100  # --seeds=K: K runs per variant and rate (a sweep's verdict K more); past 100 a typo, not a plan
 START = dict(scratch='scratch', resume='resume', mismatch='overwrite', retrain='overwrite')  # a run to do, by state
 # a sweep chooses each variant's rate on the first half of the validation windows (train.py logs both halves,
 # `val_halves`) and reports on the second, which the choice never reads
@@ -88,8 +89,8 @@ def check_comparison(cfg):
     baseline = cfg['baseline'] or variants[0]
     if baseline not in variants:
         raise UserError(f"--baseline={baseline} is not one of --variants ({','.join(variants)}); add it or pick one of them.")
-    if cfg['seeds'] < 1:
-        raise UserError(f"--seeds must be at least 1, got {cfg['seeds']}.")
+    if not 1 <= cfg['seeds'] <= MAX_SEEDS:
+        raise UserError(f"--seeds must be between 1 and {MAX_SEEDS}, got {cfg['seeds']}.")
     if cfg['jobs'] < 0 or cfg['threads'] < 0 or cfg['nproc_per_run'] < 1:
         raise UserError(f"--jobs and --threads must be at least 0 and --nproc_per_run at least 1, got "
                         f"{cfg['jobs']}, {cfg['threads']} and {cfg['nproc_per_run']}.")
