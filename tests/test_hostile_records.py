@@ -314,11 +314,15 @@ def test_main_gets_python_ctrl_c_and_the_rest_the_quiet_one():
 
 
 @pytest.mark.skipif(not os.path.exists('/proc/self/maps'), reason='watches the import of torch in /proc')
-@pytest.mark.parametrize('script', ['train.py', 'compare.py', 'sample.py', 'inspect_run.py'])
+@pytest.mark.parametrize('script', ['train.py', 'compare.py', 'sample.py', 'inspect_run.py', 'bench.py',
+                                    *(f'data/{d}/prepare.py' for d in ('shakespeare_char', 'shakespeare', 'text',
+                                                                       'openwebtext', 'fineweb10B'))])
 def test_ctrl_c_while_a_command_imports_torch(script, tmp_path):
-    """SIGINT as soon as the command has begun to load libtorch, in the middle of `import torch`: status 130, one
-    line. The child takes SIGINT as in a terminal (a shell's background job would ignore it)."""
-    p = subprocess.Popen([sys.executable, script, f'--out_dir={tmp_path}'], cwd=ROOT, text=True,
+    """SIGINT as soon as the command has begun to load libtorch, in the middle of `import torch` (a prepare script's
+    through its writers): status 130, one line. The child takes SIGINT as in a terminal (a shell's background job
+    would ignore it). Its argument would stop it at once if the signal came too late."""
+    arg = f'--json={tmp_path}' if script == 'bench.py' else f'--out_dir={tmp_path}'
+    p = subprocess.Popen([sys.executable, script, arg], cwd=ROOT, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
