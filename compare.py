@@ -29,7 +29,7 @@ import ladder
 import plots
 import report
 import stats
-from cli import RunStopped, UserError, parse_args, run_cli, split_list
+from cli import RunStopped, UserError, parse_args, raise_terminated, run_cli, split_list
 from configurator import TYPES, check, check_variants, meta_model, scale_counts, variant_settings
 from device import compile_cache_dir, resolve_device, resolve_dtype
 from progress import progress_bar
@@ -489,5 +489,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill`, `timeout`: the runs stop cleanly, as on Ctrl-C
+    signal.signal(signal.SIGTERM, raise_terminated)  # `kill`, `timeout`: the runs stop cleanly, as on Ctrl-C
     run_cli(main)

@@ -335,3 +335,13 @@ def test_ctrl_c_while_a_command_imports_torch(script, tmp_path):
     finally:
         p.kill()  # a command the signal missed would go on to train
     assert (p.returncode, err, out) == (130, 'interrupted.\n', '')
+
+
+def test_sigterm_while_a_config_file_runs_ends_as_any_sigterm(tmp_path):
+    """compare.py stops on SIGTERM as on Ctrl-C: one that arrives while a config file executes ends it with
+    'terminated.' and status 143, as it would a moment later, not as the file's own sys.exit (an error, status 2)."""
+    (tmp_path / 'c.py').write_text('import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(60)\n')
+    p = subprocess.run([sys.executable, 'compare.py', str(tmp_path / 'c.py'), f'--out_dir={tmp_path / "out"}'],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stderr, p.stdout) == (143, 'terminated.\n', '')
+    assert os.listdir(tmp_path) == ['c.py']
