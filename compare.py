@@ -184,6 +184,12 @@ def verdict_specs(cfg, comp, chosen):
     return [s for v in comp['variants'] for s in specs(cfg, comp, [v], [chosen[v]['best']], comp['fresh_seeds'])]
 
 
+def plan_rounds(cfg, comp):
+    """How many times --plan lists runs at most, each round once the runs before it are done: the grid's runs; with a
+    sweep, each step beyond an edge of the grid (--lr_extend, at most 2 * MAX_EXTEND), then the verdict's fresh seeds."""
+    return 1 + (1 + (2 * MAX_EXTEND if cfg['lr_extend'] else 0) if comp['grid'] else 0)
+
+
 def check_dataset(cfg):
     """Report a missing dataset now, before any run starts; prepare a bundled one instead of refusing."""
     from data.loader import DataLoader, DatasetNotPrepared
@@ -369,10 +375,8 @@ def train_missing(cfg, comp, runs):
             if run.state != 'mismatch':  # a mismatch's record still says what its directory holds
                 check_writable(run.dir, create=True)
                 write_json(os.path.join(run.dir, RECORD), dict(settings=run.settings, processes=run.processes))
-        cluster.print_plan([command_line(r.spec, START[r.state]) for r in todo], len(runs), cfg['threads'])
-        if comp['fresh_seeds'] and comp['fresh_seeds'][0] not in {r.seed for r in runs}:
-            print("compare: the verdict's runs (each variant at its best rate, on the fresh seeds "
-                  f"{','.join(map(str, comp['fresh_seeds']))}) are listed once these are done", file=sys.stderr)
+        cluster.print_plan([command_line(r.spec, START[r.state]) for r in todo], len(runs), cfg['threads'],
+                           plan_rounds(cfg, comp))
         return None
     gpus, jobs = cluster.resolve_jobs(cfg) if todo else ([], cfg['jobs'])
     check_writable(cfg['out_dir'], create=True)
@@ -415,7 +419,7 @@ def run_comparison(cfg, comp, runs):
     if fresh and (fresh := train_missing(cfg, comp, fresh)) is None:
         return None
     if cfg['plan']:
-        return cluster.print_plan([], len(runs) + len(fresh), cfg['threads'])
+        return cluster.print_plan([], len(runs) + len(fresh), cfg['threads'], plan_rounds(cfg, comp))
     summary = write_report(cfg, comp, runs, fresh)
     print(f"wrote {cfg['out_dir']}/summary.md, loss.png, acts.png ({time.time() - t0:.0f} s)", file=sys.stderr)
     return summary
