@@ -186,7 +186,8 @@ def verdict_specs(cfg, comp, chosen):
 
 def plan_rounds(cfg, comp):
     """How many times --plan lists runs at most, each round once the runs before it are done: the grid's runs; with a
-    sweep, each step beyond an edge of the grid (--lr_extend, at most 2 * MAX_EXTEND), then the verdict's fresh seeds."""
+    sweep, each step beyond an edge of the grid (--lr_extend, at most 2 * MAX_EXTEND), then the verdict's fresh
+    seeds."""
     return 1 + (1 + (2 * MAX_EXTEND if cfg['lr_extend'] else 0) if comp['grid'] else 0)
 
 

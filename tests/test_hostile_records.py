@@ -1,7 +1,8 @@
 """Hostile inputs of the wrong kind or shape: settings of another type or beyond any memory, checkpoints whose content
 is not what train.py writes, log records of another shape, and a Ctrl-C while a command starts. Each ends as
 test_hostile.py's cases do (one sentence, exit status 2, no traceback, every file as it was), a record of another
-shape is set aside as a damaged line is, and a Ctrl-C at any moment ends a command with status 130."""
+shape is set aside as a damaged line is, and a Ctrl-C at any moment ends a command with status 130 (a SIGTERM
+compare.py with 143)."""
 import json
 import os
 import shutil
@@ -291,7 +292,7 @@ def test_a_real_run_logs_only_records(world):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Ctrl-C at the edges
+# Ctrl-C and SIGTERM at the edges
 
 
 def test_main_gets_python_ctrl_c_and_the_rest_the_quiet_one():
