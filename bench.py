@@ -16,6 +16,8 @@ kept for backward per token (through the compiled graph when compiled); on a GPU
 kind's baseline (gelu or swiglu, always included). --n_expert > 0 makes every variant an MoE, also timed against its
 dense twin (the same active weights). Prints a markdown table; --json gets it all, raw step times too.
 """
+from cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
+quiet_interrupt(__name__)
 import os
 import platform
 import statistics

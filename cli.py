@@ -13,7 +13,8 @@ A key whose default is None means "auto" and also takes the word auto.
 
 A mistake raises UserError with one sentence; run_cli(main) prints it on stderr and exits with status 2, no traceback.
 A run that has to stop raises RunStopped (exit status 3); Ctrl-C exits with 130, also while a command imports torch
-(quiet_interrupt). Only the standard library is imported here, so that a command can call it first.
+(quiet_interrupt), and SIGTERM where a command stops on it as on Ctrl-C (raise_terminated) with 143. Only the standard
+library is imported here, so that a command can call it first.
 """
 import ast
 import difflib
@@ -29,6 +30,16 @@ class UserError(Exception):
 
 class RunStopped(Exception):
     """A run that had to stop (e.g. a non-finite loss, a full disk): message on stderr, exit status 3."""
+
+
+class Terminated(BaseException):
+    """SIGTERM (`kill`, `timeout`), raised where the command is: not an Exception, and no SystemExit, so nothing on its
+    way out takes it for an error or for a config file's own sys.exit; 'terminated.', exit status 143."""
+
+
+def raise_terminated(signum, frame):
+    """A SIGTERM handler for a command that stops cleanly on it, as on Ctrl-C (compare.py stops its runs)."""
+    raise Terminated
 
 
 _TYPE_NAMES = {bool: 'a bool (True/False)', int: 'an int', float: 'a float', str: 'a string'}
@@ -181,8 +192,9 @@ def quiet_interrupt(name):
 
 def run_cli(main, argv=None):
     """Run main(argv); a UserError becomes 'error: message' on stderr with exit status 2 (no traceback), a RunStopped
-    'stopped: message' with status 3, Ctrl-C 'interrupted.' with status 130, a closed stdout pipe quietly 141. Within
-    main, Ctrl-C is Python's KeyboardInterrupt (a run saves nothing half-written, then stops)."""
+    'stopped: message' with status 3, Ctrl-C 'interrupted.' with status 130, a Terminated 'terminated.' with 143, a
+    closed stdout pipe quietly 141. Within main, Ctrl-C is Python's KeyboardInterrupt (a run saves nothing
+    half-written, then stops)."""
     quiet = signal.getsignal(signal.SIGINT) is _interrupted
     try:
         if quiet:
@@ -194,6 +206,8 @@ def run_cli(main, argv=None):
         message, status = f"stopped: {e}", 3
     except KeyboardInterrupt:
         message, status = 'interrupted.', 130
+    except Terminated:
+        message, status = 'terminated.', 143
     except BrokenPipeError:  # stdout's reader stopped reading (`| head`): end quietly, as a shell tool does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
         sys.exit(141)

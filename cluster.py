@@ -1,9 +1,15 @@
 """
-Placing a comparison's runs on the visible GPUs, or handing them to another scheduler (--plan, then --report).
+Placing a comparison's runs on the visible GPUs, or handing them to another scheduler, round by round (--plan until it
+prints nothing, then --report):
 
-    python compare.py ... --plan > plan.txt            # the exact command of every run still to do, one per line
-    xargs -d '\\n' -n 1 -P 4 sh -c < plan.txt           # or one Slurm array task per line, on a shared filesystem
+    while python compare.py ... --plan > plan.txt && [ -s plan.txt ]; do   # the exact command of each run to do now
+        xargs -d '\\n' -n 1 -P 4 sh -c < plan.txt       # or one Slurm array task per line, on a shared filesystem
+    done
     python compare.py ... --report                     # the summary and pictures from the finished run directories
+
+A comparison without a sweep is one round. A sweep's verdict (each variant at its best rate, on fresh seeds) waits
+for the sweep's runs, and with --lr_extend each step beyond an edge of the rates for the steps before it
+(compare.plan_rounds); every --plan that lists runs says how many rounds to expect at most.
 """
 import os
 import shlex
@@ -77,13 +83,15 @@ def thread_env(threads):
     return {'OMP_NUM_THREADS': str(threads), 'MKL_NUM_THREADS': str(threads)} if threads else {}
 
 
-def print_plan(commands, n_runs, threads):
-    """--plan: the command of every run still to do (runs.command_line), each on a line of stdout; what to do next on
-    stderr."""
+def print_plan(commands, n_runs, threads, rounds):
+    """--plan: the command of every run still to do now (runs.command_line), each on a line of stdout; what to do next
+    on stderr. rounds: how many rounds of runs the comparison's --plan lists at most."""
     prefix = ''.join(f"{k}={v} " for k, v in thread_env(threads).items())
     for command in commands:
         print(prefix + shlex.join(command))
+    run_them = "; run these lines anywhere that sees this filesystem, then the same command"
     print(f"compare: {len(commands)} of {n_runs} runs to do" + (
-        "; run these lines anywhere that sees this filesystem, then the same command with --report instead of --plan "
-        "builds the summary" if commands else ", all finished: --report instead of --plan builds the summary"),
-        file=sys.stderr)
+        ", all finished: --report instead of --plan builds the summary" if not commands else
+        f"{run_them} with --report instead of --plan builds the summary" if rounds == 1 else
+        f"{run_them} again until it prints nothing (its runs come in at most {rounds} rounds, each listed once those "
+        f"before it are done), then with --report instead of --plan it builds the summary"), file=sys.stderr)

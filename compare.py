@@ -29,7 +29,7 @@ import ladder
 import plots
 import report
 import stats
-from cli import RunStopped, UserError, parse_args, run_cli, split_list
+from cli import RunStopped, UserError, parse_args, raise_terminated, run_cli, split_list
 from configurator import TYPES, check, check_variants, memory_needs, meta_model, scale_counts, variant_settings
 from device import compile_cache_dir, resolve_device, resolve_dtype
 from progress import progress_bar
@@ -60,6 +60,7 @@ DEFAULT_CONFIG = 'config/compare_shakespeare_char.py'  # what `python compare.py
 BUNDLED = ('shakespeare_char', 'shakespeare')  # built from the corpus in the repo in seconds, so prepared on demand
 MAX_EXTEND = 3  # --lr_extend tries at most this many rates beyond each edge of the grid
 MAX_GRID = 10  # --lr_grid=K spans learning_rate x 2^-K .. 2^K: past 2^10 either way is a typo, not a sweep
+MAX_SEEDS = 100  # --seeds=K: K runs per variant and rate (a sweep's verdict K more); past 100 a typo, not a plan
 START = dict(scratch='scratch', resume='resume', mismatch='overwrite', retrain='overwrite')  # a run to do, by state
 # a sweep chooses each variant's rate on the first half of the validation windows (train.py logs both halves,
 # `val_halves`) and reports on the second, which the choice never reads
@@ -89,8 +90,8 @@ def check_comparison(cfg):
     baseline = cfg['baseline'] or variants[0]
     if baseline not in variants:
         raise UserError(f"--baseline={baseline} is not one of --variants ({','.join(variants)}); add it or pick one of them.")
-    if cfg['seeds'] < 1:
-        raise UserError(f"--seeds must be at least 1, got {cfg['seeds']}.")
+    if not 1 <= cfg['seeds'] <= MAX_SEEDS:
+        raise UserError(f"--seeds must be between 1 and {MAX_SEEDS}, got {cfg['seeds']}.")
     if cfg['jobs'] < 0 or cfg['threads'] < 0 or cfg['nproc_per_run'] < 1:
         raise UserError(f"--jobs and --threads must be at least 0 and --nproc_per_run at least 1, got "
                         f"{cfg['jobs']}, {cfg['threads']} and {cfg['nproc_per_run']}.")
@@ -184,6 +185,13 @@ def verdict_specs(cfg, comp, chosen):
     return [s for v in comp['variants'] for s in specs(cfg, comp, [v], [chosen[v]['best']], comp['fresh_seeds'])]
 
 
+def plan_rounds(cfg, comp):
+    """How many times --plan lists runs at most, each round once the runs before it are done: the grid's runs; with a
+    sweep, each step beyond an edge of the grid (--lr_extend, at most 2 * MAX_EXTEND), then the verdict's fresh
+    seeds."""
+    return 1 + (1 + (2 * MAX_EXTEND if cfg['lr_extend'] else 0) if comp['grid'] else 0)
+
+
 def check_dataset(cfg):
     """Report a missing dataset now, before any run starts; prepare a bundled one instead of refusing."""
     from data.loader import DataLoader, DatasetNotPrepared
@@ -206,13 +214,19 @@ def check_dataset(cfg):
         open_loader()
 
 
+def settings_differ(bad):
+    """The refusal of runs trained with other settings (without --overwrite): before any run trains, and again for
+    each run once it is locked, since another comparison may have trained it meanwhile."""
+    return UserError(f"{bad[0].describe_mismatch()}; use another --out_dir, or pass --overwrite=True to retrain the "
+                     f"{len(bad)} run(s) whose settings differ.")
+
+
 def to_do(cfg, runs):
     """The runs to train, seed by seed so that each variant compiles once; a UserError for another run's directory
     (unless --overwrite) or, with --report, for any run not finished."""
     bad = [r for r in runs if r.state == 'mismatch']
     if bad and not cfg['overwrite']:
-        raise UserError(f"{bad[0].describe_mismatch()}; use another --out_dir, or pass --overwrite=True to retrain "
-                        f"the {len(bad)} run(s) whose settings differ.")
+        raise settings_differ(bad)
     todo = sorted((r for r in runs if r.state not in FINISHED), key=lambda r: r.seed)
     if todo and cfg['report']:
         where = f"is at iteration {todo[0].records[-1]['iter']}" if todo[0].records else 'has not started'
@@ -307,9 +321,10 @@ def last_error_line(path):
     return next((l for l in reversed(lines) if l.startswith(('error:', 'stopped:'))), lines[-1] if lines else '')
 
 
-def train_all(todo, slots, threads, pbar):
+def train_all(todo, slots, threads, overwrite, pbar):
     """Train the runs of todo, one per slot (its GPUs: cluster.placement) at a time; returns them read again. A run
-    whose directory another process holds (a second compare.py) is left to it, then reused or resumed."""
+    whose directory another process holds (a second compare.py) is left to it, then reused or resumed, or refused if
+    it trained it with other settings (unless overwrite)."""
     pending, active, waiting, free, done = list(todo), [], set(), list(range(len(slots))), {}
     try:
         while pending or active:
@@ -324,6 +339,9 @@ def train_all(todo, slots, threads, pbar):
                     continue
                 pending.remove(run)
                 now = scan(run.spec)  # another process may have trained it meanwhile
+                if now.state == 'mismatch' and not overwrite:
+                    lock.close()
+                    raise settings_differ([now])
                 if now.state in FINISHED:
                     lock.close()
                     done[run.dir] = now
@@ -369,10 +387,8 @@ def train_missing(cfg, comp, runs):
             if run.state != 'mismatch':  # a mismatch's record still says what its directory holds
                 check_writable(run.dir, create=True)
                 write_json(os.path.join(run.dir, RECORD), dict(settings=run.settings, processes=run.processes))
-        cluster.print_plan([command_line(r.spec, START[r.state]) for r in todo], len(runs), cfg['threads'])
-        if comp['fresh_seeds'] and comp['fresh_seeds'][0] not in {r.seed for r in runs}:
-            print("compare: the verdict's runs (each variant at its best rate, on the fresh seeds "
-                  f"{','.join(map(str, comp['fresh_seeds']))}) are listed once these are done", file=sys.stderr)
+        cluster.print_plan([command_line(r.spec, START[r.state]) for r in todo], len(runs), cfg['threads'],
+                           plan_rounds(cfg, comp))
         return None
     gpus, jobs, at_once = cluster.resolve_jobs(cfg, len(todo), *run_size(cfg, todo)) if todo else ([], cfg['jobs'], '')
     check_writable(cfg['out_dir'], create=True)
@@ -392,7 +408,7 @@ def train_missing(cfg, comp, runs):
             pbar.write(f"{run.name}: to train again: its log has no intact record of its checkpoint's evaluation",
                        file=sys.stderr)
     trained = {r.dir: r for r in train_all(todo, cluster.placement(jobs, gpus, cfg['nproc_per_run']), cfg['threads'],
-                                           pbar)}
+                                           cfg['overwrite'], pbar)}
     pbar.close()
     return [trained.get(r.dir, r) for r in runs]
 
@@ -415,7 +431,7 @@ def run_comparison(cfg, comp, runs):
     if fresh and (fresh := train_missing(cfg, comp, fresh)) is None:
         return None
     if cfg['plan']:
-        return cluster.print_plan([], len(runs) + len(fresh), cfg['threads'])
+        return cluster.print_plan([], len(runs) + len(fresh), cfg['threads'], plan_rounds(cfg, comp))
     summary = write_report(cfg, comp, runs, fresh)
     print(f"wrote {cfg['out_dir']}/summary.md, loss.png, acts.png ({time.time() - t0:.0f} s)", file=sys.stderr)
     return summary
@@ -489,5 +505,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill`, `timeout`: the runs stop cleanly, as on Ctrl-C
+    signal.signal(signal.SIGTERM, raise_terminated)  # `kill`, `timeout`: the runs stop cleanly, as on Ctrl-C
     run_cli(main)

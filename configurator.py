@@ -217,6 +217,64 @@ CHECKPOINT = {'model': dict, 'optimizer': dict, 'model_args': dict, 'config': di
               'best_val_loss': (int, float), 'tokens': int, 'train_time': (int, float), 'world_size': int,
               'rng': list, 'loader': list}
 CHECKPOINT_KEYS = {'config': STREAM_KEYS + ['data_dir'], 'model_args': MODEL_KEYS}  # the settings read from them
+# each process's states, as their writers make them (train.rng_state, DataLoader.state_dict), so that a resume hands
+# Python's random, numpy, torch and the loader nothing they would fail on deep inside
+MT_WORDS = 624  # a Mersenne Twister's state: 624 32-bit words, and its position in them (Python's random, numpy's)
+_int = lambda lo, hi=2**63 - 1: lambda v: type(v) is int and lo <= v <= hi
+_words = lambda v: type(v) in (list, tuple) and len(v) == MT_WORDS and all(map(_int(0, 2**32 - 1), v))
+_bytes = lambda v, n: isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and tuple(v.shape) == (n,)
+
+
+def _python_rng(v):
+    """random.getstate(): (version 3, the words and the position in them, the cached Gaussian or None)."""
+    return (type(v) in (list, tuple) and len(v) == 3 and _int(3, 3)(v[0]) and type(v[1]) in (list, tuple)
+            and _words(v[1][:-1]) and _int(0, MT_WORDS)(v[1][-1]) and (v[2] is None or type(v[2]) is float))
+
+
+def _numpy_rng(v):
+    """np.random.get_state() as a list: the generator's name, the words, the position, has_gauss, the cached
+    Gaussian."""
+    return (type(v) is list and len(v) == 5 and v[0] == 'MT19937' and _words(v[1]) and _int(0, MT_WORDS)(v[2])
+            and _int(0, 1)(v[3]) and type(v[4]) is float)
+
+
+RNG_STATE = {
+    'python': _python_rng,
+    'numpy': _numpy_rng,
+    'torch': lambda v: _bytes(v, torch.get_rng_state().numel()),
+    'cuda': lambda v: v is None or _bytes(v, 16),  # a GPU run's: the CUDA generator's seed and offset, 8 bytes each
+}
+LOADER_STATE = {'dataset': lambda v: type(v) is str, 'seed': _int(0, MAX_SEED), 'batch_size': _int(1),
+                'block_size': _int(1), 'world_size': _int(1), 'step': _int(0),  # step: micro-batches returned
+                'batch_hash': lambda v: type(v) is str and len(v) == 64 and set(v) <= set('0123456789abcdef')}
+ADAMW_STATE = ('step', 'exp_avg', 'exp_avg_sq')  # what AdamW keeps per parameter: its steps (0-d) and two moments
+
+
+def _states_fault(part, states, schema):
+    """The first of a checkpoint's per-process states (its rng or loader) that is not as schema says, in words."""
+    for rank, state in enumerate(states):
+        if type(state) is not dict:
+            return f"its {part}[{rank}] is a {type(state).__name__}"
+        for key, valid in schema.items():
+            if not valid(state.get(key)):
+                shown = repr(state[key]) if key in state else 'missing'
+                return f"its {part}[{rank}]['{key}'] is {shown if len(shown) <= 40 else 'not as train.py saves it'}"
+
+
+def _optimizer_fault(optimizer):
+    """The first part of a checkpoint's optimizer that is not as torch's Optimizer.state_dict writes it, in words:
+    {'state': {id: {name: tensor}}, 'param_groups': [{'params': [id, ...], ...}, ...]}."""
+    for key, kind in (('state', dict), ('param_groups', list)):
+        if type(optimizer.get(key)) is not kind:
+            return f"its optimizer's '{key}' is " + (f"a {type(optimizer[key]).__name__}" if key in optimizer
+                                                     else 'missing')
+    if not all(type(g) is dict and type(g.get('params')) is list and all(type(i) is int for i in g['params'])
+               for g in optimizer['param_groups']):
+        return "its optimizer's param_groups are not lists of parameter ids"
+    ids = {i for g in optimizer['param_groups'] for i in g['params']}
+    for i, state in optimizer['state'].items():
+        if i not in ids or type(state) is not dict or not all(isinstance(t, torch.Tensor) for t in state.values()):
+            return f"its optimizer's state[{i!r:.20}] is not the state of one of its parameters"
 
 
 def checkpoint_fault(ckpt):
@@ -243,6 +301,9 @@ def checkpoint_fault(ckpt):
         return "its meta has no vocab_size"
     if ckpt['iter_num'] < 0 or not len(ckpt['rng']) == len(ckpt['loader']) == ckpt['world_size'] > 0:
         return "its 'iter_num' is negative" if ckpt['iter_num'] < 0 else "its 'rng' and 'loader' are not per process"
+    if fault := (_states_fault('rng', ckpt['rng'], RNG_STATE) or _states_fault('loader', ckpt['loader'], LOADER_STATE)
+                 or _optimizer_fault(ckpt['optimizer'])):
+        return fault
     try:
         model_config(ckpt['model_args'])
     except UserError as e:
@@ -262,12 +323,34 @@ def load_checkpoint(out_dir, missing_hint):
         raise UserError(f"cannot read the checkpoint {path} ({type(e).__name__}); it is not a train.py checkpoint or "
                         f"it is damaged, so train the run again.") from None
     if fault := checkpoint_fault(ckpt):
-        raise UserError(f"cannot use the checkpoint {path}: {fault}, so it is not a train.py checkpoint or it is "
-                        f"damaged; train the run again, or point --out_dir at the right run directory.")
+        raise unusable(path, fault)
     if not all(bool(v.isfinite().all()) for v in ckpt['model'].values() if v.is_floating_point()):
         raise UserError(f"the checkpoint {path} (iteration {ckpt['iter_num']}) holds non-finite weights, so it "
                         f"cannot be used; train the run again with a lower learning_rate.")
     return ckpt
+
+
+def unusable(path, fault):
+    """The refusal of a checkpoint that is not as train.py writes it: fault says where, in words."""
+    return UserError(f"cannot use the checkpoint {path}: {fault}, so it is not a train.py checkpoint or it is damaged; "
+                     f"train the run again, or point --out_dir at the right run directory.")
+
+
+def optimizer_fault(saved, optimizer):
+    """Where a checkpoint's optimizer state (checkpoint_fault checked its form) does not fit optimizer, the AdamW a
+    resume built for its model, in words; None if it fits. torch checks the groups' sizes deep inside, and the
+    moments' shapes not at all: a moment of another shape would fail the first step."""
+    sizes = lambda groups: [len(g['params']) for g in groups]
+    if sizes(saved['param_groups']) != sizes(optimizer.param_groups):
+        return (f"its optimizer's param_groups hold {sizes(saved['param_groups'])} parameters where the model's "
+                f"optimizer holds {sizes(optimizer.param_groups)}")
+    params = dict(zip((i for g in saved['param_groups'] for i in g['params']),
+                      (p for g in optimizer.param_groups for p in g['params'])))
+    for i, state in saved['state'].items():
+        shapes, want = ({k: list(t.shape) for k, t in state.items()},
+                        dict(zip(ADAMW_STATE, ([], list(params[i].shape), list(params[i].shape)))))
+        if shapes != want:
+            return f"its optimizer's state[{i}] holds {shapes}, where AdamW keeps {want} for that parameter"
 
 
 def checkpoint_model(ckpt, path):

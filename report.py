@@ -39,9 +39,11 @@ def mean_std(values):
 
 
 def mean_over_seeds(values):
-    """The mean of what the activations learned (the logs' `act` records, one per seed), key by key."""
+    """The mean of what the activations learned (the logs' `act` records, one per seed), key by key: each key every
+    seed has in the same shape (a quantity is a number or named numbers, and damaged logs may disagree)."""
     if isinstance(values[0], dict):
-        return {k: mean_over_seeds([v[k] for v in values]) for k in values[0] if all(k in v for v in values)}
+        same = lambda k: all(k in v and isinstance(v[k], dict) == isinstance(values[0][k], dict) for v in values)
+        return {k: mean_over_seeds([v[k] for v in values]) for k in values[0] if same(k)}
     if isinstance(values[0], list):
         return [mean_over_seeds(list(per_seed)) for per_seed in zip(*values)]
     return statistics.fmean(values)

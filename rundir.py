@@ -157,21 +157,15 @@ def _dict_of(test):
 
 
 _COUNT, _LOSS, _NUMBER = _in(0, 2**63 - 1, (int,)), _in(-1e6, 1e6), _in(-F32_MAX, F32_MAX)
-
-
-def _numbers(v, depth=0):
-    """A number, or a list of numbers (nested lists allowed)."""
-    return _NUMBER(v) or type(v) is list and depth < 8 and all(_numbers(x, depth + 1) for x in v)
-
-
-# act (GPT.learned): {'layers': [{part (act, act_up, moe): {quantity: numbers, or {name: numbers}}}, one per layer]}
-_LAYER = _dict_of(_dict_of(lambda q: _numbers(q) or _dict_of(_numbers)(q)))
+# act (GPT.learned): {'layers': [{part (act, act_up, moe): {quantity: number, or {name: number}}}, one per layer]}
+_LAYER = _dict_of(_dict_of(lambda q: _NUMBER(q) or _dict_of(_NUMBER)(q)))
 _TEXT, _NUMBER_OR_NULL = (lambda v: type(v) is str), (lambda v: v is None or _NUMBER(v))
 FIELDS = {'iter': _COUNT, 'tokens': _COUNT, 'lr': _NUMBER, 'loss': _LOSS, 'val_loss': _LOSS, 'ms': _NUMBER,
           'tok_s': _NUMBER, 'mfu': _NUMBER_OR_NULL, 'grad_norm': _NUMBER_OR_NULL, 'batch_hash': _TEXT,
           'val_hash': _TEXT, 'loss_total': _NUMBER, 'aux': _NUMBER, 'z': _NUMBER,  # the last three an MoE's
           'val_halves': lambda v: type(v) is list and len(v) == 2 and all(map(_LOSS, v)),
-          'act': lambda v: type(v) is dict and type(v.get('layers')) is list and all(map(_LAYER, v['layers']))}
+          'act': lambda v: type(v) is dict and v.keys() == {'layers'} and type(v['layers']) is list
+          and all(map(_LAYER, v['layers']))}
 
 
 def parse_record(line):

@@ -40,7 +40,7 @@ import device
 import wandb_log
 from cli import RunStopped, UserError, parse_args, run_cli
 from configurator import (DEFAULTS, MODEL_KEYS, STREAM_KEYS, TYPES, check, check_memory, checkpoint_model,
-                          load_checkpoint, model_config)
+                          load_checkpoint, model_config, optimizer_fault, unusable)
 from model import GPT
 from progress import progress_bar
 from rundir import (CKPT, LOG, STOPPED, append_log, lock_run_dir, model_state, save_checkpoint, truncate_log,
@@ -205,6 +205,8 @@ class Trainer:
         # before loading, which places each state by its group's kernel)
         saved, built = checkpoint['optimizer'], [{k: v for k, v in g.items() if k != 'params'}
                                                  for g in self.optimizer.param_groups]
+        if fault := optimizer_fault(saved, self.optimizer):
+            raise unusable(self.ckpt_path, fault)
         self.optimizer.load_state_dict({**saved, 'param_groups': [{**s, **b} for s, b in zip(saved['param_groups'],
                                                                                             built)]})
         if checkpoint.get('scaler'):

@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 import types
@@ -144,7 +145,7 @@ def test_train_all_keeps_two_runs_per_gpu(four_gpus, tmp_path, monkeypatch):
     monkeypatch.setattr(compare.subprocess, 'Popen', popen)
     monkeypatch.setattr(compare.time, 'sleep', lambda s: None)
     planned = [runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path)), 'gelu', s) for s in range(12)]
-    compare.train_all([runs.scan(r) for r in planned], cluster.placement(8, four_gpus, 1), 0,
+    compare.train_all([runs.scan(r) for r in planned], cluster.placement(8, four_gpus, 1), 0, False,
                       progress.PlainProgress(12, 'runs'))
     records = [read_json(os.path.join(r['dir'], RECORD)) for r in planned]
     assert len(started) == 12 and all(rec['at_once'] == 8 for rec in records)
@@ -152,7 +153,7 @@ def test_train_all_keeps_two_runs_per_gpu(four_gpus, tmp_path, monkeypatch):
     assert collections.Counter(p.gpu for p in started[:8]) == {g: 2 for g in four_gpus}
     # one run left to train has 8 slots to itself: it trains alone, and its record says so (its tok/s depend on it)
     compare.train_all([runs.scan(runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path / 'one')), 'gelu', 0))],
-                      cluster.placement(8, four_gpus, 1), 0, progress.PlainProgress(1, 'runs'))
+                      cluster.placement(8, four_gpus, 1), 0, False, progress.PlainProgress(1, 'runs'))
     assert read_json(os.path.join(tmp_path, 'one', 'gelu', 'seed0', RECORD))['at_once'] == 1
 
 
@@ -227,6 +228,32 @@ def test_report_of_planned_runs_equals_compare_running_them(planned):
     # nothing is left to do: planning again lists nothing
     again = run_main(compare_cmd(planned['data'], planned['elsewhere'], '--plan=True')[2:])
     assert again[0] == '' and '0 of 4 runs to do' in again[1]
+
+
+# README's loop: --plan, the plan run by xargs, until --plan prints nothing; then --report
+LOOP = f"while {{plan}} > plan.txt 2>> plan.err && [ -s plan.txt ]; do {XARGS}; done"
+
+
+@pytest.mark.slow
+def test_a_sweep_planned_round_by_round_reports_what_compare_trains(shakespeare_char_dir, tmp_path):
+    """A sweep of two rates with --lr_extend: the best rate is at an edge, so its runs come in at least three rounds
+    (the sweep's, a step beyond the edge, the verdict's fresh seed). README's loop takes it round by round to the
+    summary compare.py writes training the runs itself, in no more rounds than the first --plan said to expect."""
+    sweep = ['--variants=gelu', '--seeds=1', '--lrs=1e-3,2e-3', '--learning_rate=2e-3', '--lr_extend=True']
+    local, elsewhere = str(tmp_path / 'local'), str(tmp_path / 'elsewhere')
+    check(subprocess.run(compare_cmd(shakespeare_char_dir, local, *sweep), capture_output=True, text=True, env=env(),
+                         cwd=REPO))
+    plan = shlex.join(compare_cmd(shakespeare_char_dir, elsewhere, *sweep, '--plan'))
+    check(subprocess.run(LOOP.format(plan=plan), shell=True, capture_output=True, text=True, env=env(), cwd=tmp_path))
+    said = [l for l in (tmp_path / 'plan.err').read_text().splitlines() if l.startswith('compare: ')]
+    rounds = [l for l in said if 'runs to do;' in l]
+    assert 3 <= len(rounds) <= 8 and all('at most 8 rounds' in l for l in rounds), said
+    assert said[-1].startswith('compare: 0 of ') and said[-1].endswith('all finished: --report instead of --plan '
+                                                                        'builds the summary')
+    table = run_main(compare_cmd(shakespeare_char_dir, elsewhere, *sweep, '--report')[2:])[0]
+    a, b = (json.load(open(os.path.join(d, 'summary.json'))) for d in (local, elsewhere))
+    assert len(a['lr']['gelu']['rates']) >= 3 and a['seeds'] == [1338]  # a rate beyond the edge; the fresh seed
+    assert strip_paths_and_times(b) == strip_paths_and_times(a) and '| gelu |' in table
 
 
 @pytest.mark.slow

@@ -226,7 +226,9 @@ def test_stopped_and_cut_off_runs(compared, shakespeare_char_dir, tmp_path, monk
 @pytest.mark.parametrize('extra, words', [
     (['--variants=gelu,swishglu'], 'unknown ffn'),
     (['--variants=gelu,relu2', '--baseline=swiglu'], 'baseline'),
-    (['--seeds=0'], 'seeds'),
+    (['--seeds=0'], '--seeds must be between 1 and 100, got 0'),
+    (['--seeds=101', '--plan'], '--seeds must be between 1 and 100, got 101'),  # would list 202 runs
+    (['--seeds=1000000000'], 'got 1000000000'),  # would make a list of a billion seeds first
     (['--n_layers=2'], 'n_layer'),
     (['--dataset=openwebtext'], 'not prepared'),  # checked before any run starts (bundled ones are prepared)
     (['--device=cuda:99'], 'GPU'),  # a device or dtype this machine lacks: said here, not by each train.py
@@ -238,6 +240,12 @@ def test_user_mistakes(extra, words, shakespeare_char_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and words in err and len(err.strip().splitlines()) == 1
     assert not os.path.exists(tmp_path / 'cmp' / 'gelu')
+
+
+def test_a_hundred_seeds_are_a_comparison():
+    cfg = compare.settings(['--seeds=100', '--lrs=1e-3,2e-3', '--learning_rate=1e-3', '--device=cpu'])
+    comp = compare.check_comparison(cfg)
+    assert len(comp['seeds']) == len(comp['fresh_seeds']) == 100
 
 
 def test_only_a_diverged_run_is_an_outcome(tmp_path):

@@ -325,6 +325,35 @@ def test_two_compares_on_one_out_dir_train_each_run_once(world, tmp_path, nproc)
         assert len(commands) == 1, (variant, outputs)
 
 
+@pytest.mark.slow
+def test_two_compares_of_other_settings_never_retrain_each_others_runs(world, tmp_path):
+    """Started together on one out_dir, a comparison of 30 iterations and one of 20, neither with --overwrite: each
+    takes a run, and finds the other's finished with other settings once it holds that run's lock. It refuses it in
+    the sentence it would have said up front (exit status 2) instead of training it again, so each run is trained
+    once, by one of them, and stays whole."""
+    cmd = lambda iters: [sys.executable, 'compare.py', '--variants=gelu,relu', '--seeds=1', '--lrs=', '--jobs=1',
+                         f'--max_iters={iters}', *TINY, f'--data_dir={world.data}', f'--out_dir={tmp_path}']
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    procs = [subprocess.Popen(cmd(n), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for n in (30, 20)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert 2 in [p.returncode for p in procs], errs
+    for p, err in zip(procs, errs):
+        lines = message_lines(err)
+        assert p.returncode in (0, 2) and 'Traceback' not in err, err
+        if p.returncode == 2:
+            assert [l for l in lines if l.startswith('error:')] == lines[-1:], err
+            assert 'was trained with other settings: max_iters=' in lines[-1] and '--overwrite=True' in lines[-1]
+    for variant in ('gelu', 'relu'):
+        d = tmp_path / variant / 'seed1337'
+        commands = [l for l in (d / 'train.out').read_text().splitlines() if l.startswith('$ ')]
+        assert len(commands) == 1 and '--overwrite=False' in commands[0], (variant, errs)
+        iters = json.loads((d / 'compare.json').read_text())['settings']['max_iters']
+        ckpt = torch.load(d / 'ckpt.pt', weights_only=True)
+        last = json.loads((d / 'log.jsonl').read_text().splitlines()[-1])
+        assert ckpt['config']['max_iters'] == ckpt['iter_num'] == last['iter'] == iters
+
+
 def start_a_long_comparison(world, out, nproc):
     """compare.py training one long run of nproc processes, once the run has logged; (compare.py, the run's dir)."""
     cmd = [sys.executable, 'compare.py', '--variants=gelu', '--seeds=1', '--lrs=', '--max_iters=100000', *TINY,

@@ -1,7 +1,8 @@
 """Hostile inputs of the wrong kind or shape: settings of another type or beyond any memory, checkpoints whose content
 is not what train.py writes, log records of another shape, and a Ctrl-C while a command starts. Each ends as
 test_hostile.py's cases do (one sentence, exit status 2, no traceback, every file as it was), a record of another
-shape is set aside as a damaged line is, and a Ctrl-C at any moment ends a command with status 130."""
+shape is set aside as a damaged line is, and a Ctrl-C at any moment ends a command with status 130 (a SIGTERM
+compare.py with 143)."""
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import cli  # noqa: E402
 import compare  # noqa: E402
 import configurator  # noqa: E402
 import inspect_run  # noqa: E402
+import report  # noqa: E402
 import rundir  # noqa: E402
 import sample  # noqa: E402
 import train  # noqa: E402
@@ -126,6 +128,21 @@ CHECKPOINTS = [
     ('a setting of another type', lambda c: c['config'].update(batch_size='4'), ["its config['batch_size'] is '4'"]),
     ('model_args of a model too big', lambda c: c['model_args'].update(n_embd=2**20),
      ['they hold fewer values than its 13,194,273,751,040 parameters']),
+    # each process's states, as their writers make them
+    ('an optimizer without its state', lambda c: c['optimizer'].pop('state'), ["its optimizer's 'state' is missing"]),
+    ('optimizer groups without their parameters', lambda c: c['optimizer']['param_groups'][0].pop('params'),
+     ["its optimizer's param_groups are not lists of parameter ids"]),
+    ('a numpy RNG state a word short', lambda c: c['rng'][0]['numpy'][1].pop(),
+     ["its rng[0]['numpy'] is not as train.py saves it"]),
+    ('a Python RNG position past its words', lambda c: c['rng'][0].update(python=(3, (0,) * 624 + (700,), None)),
+     ["its rng[0]['python'] is not as train.py saves it"]),
+    ('a torch RNG state cut short', lambda c: c['rng'][0].update(torch=c['rng'][0]['torch'][:100]),
+     ["its rng[0]['torch'] is not as train.py saves it"]),
+    ('an RNG state of numbers', lambda c: c['rng'].__setitem__(0, 5), ['its rng[0] is a int']),
+    ('a negative loader position', lambda c: c['loader'][0].update(step=-1), ["its loader[0]['step'] is -1"]),
+    ('a batch hash that is not hex', lambda c: c['loader'][0].update(batch_hash='xyz'),
+     ["its loader[0]['batch_hash'] is 'xyz'"]),
+    ('a loader state without its seed', lambda c: c['loader'][0].pop('seed'), ["its loader[0]['seed'] is missing"]),
 ]
 READERS = {'resume': (train, lambda d: ['--init_from=resume', f'--out_dir={d}']),
            'sample': (sample, lambda d: [f'--out_dir={d}', '--device=cpu']),
@@ -144,6 +161,39 @@ def test_checkpoints_of_the_wrong_content(case, change, words, reader, world, tm
     code, err = call(script.main, argv(tmp_path), capsys)
     assert_one_sentence(code, err, 2, [str(tmp_path / 'ckpt.pt')] + words)
     assert files(world.root, tmp_path) == before  # the checkpoint and the log as they were
+
+
+def moment_of_another_shape(ckpt):
+    ckpt['optimizer']['state'][0]['exp_avg'] = torch.zeros(3)
+
+
+def a_parameter_in_the_other_group(ckpt):
+    groups = ckpt['optimizer']['param_groups']
+    groups[1]['params'].append(groups[0]['params'].pop())
+
+
+OPTIMIZERS = [
+    ('a moment of another shape', moment_of_another_shape,
+     ["its optimizer's state[0] holds {'step': [], 'exp_avg': [3], 'exp_avg_sq': [128, 32]}", 'AdamW keeps']),
+    ('a moment missing', lambda c: c['optimizer']['state'][0].pop('exp_avg_sq'), ["its optimizer's state[0] holds"]),
+    ('a parameter in the other group', a_parameter_in_the_other_group,
+     ["its optimizer's param_groups hold [4, 4] parameters where the model's optimizer holds [5, 3]"]),
+]
+
+
+@pytest.mark.parametrize('case,change,words', OPTIMIZERS, ids=[c[0] for c in OPTIMIZERS])
+def test_an_optimizer_state_that_does_not_fit_the_model_is_refused_before_a_resume(case, change, words, world,
+                                                                                  tmp_path, capsys):
+    """In torch's form, but not the state of the AdamW the checkpoint's model has: refused before the run directory
+    changes, not at the first step (torch checks a moment's shape nowhere)."""
+    ckpt = torch.load(os.path.join(world.run, 'ckpt.pt'), weights_only=True)
+    change(ckpt)
+    torch.save(ckpt, tmp_path / 'ckpt.pt')
+    shutil.copy(os.path.join(world.run, 'log.jsonl'), tmp_path)
+    before = files(world.root, tmp_path)
+    code, err = call(train.main, ['--init_from=resume', f'--out_dir={tmp_path}', '--max_iters=4'], capsys)
+    assert_one_sentence(code, err, 2, [f"cannot use the checkpoint {tmp_path / 'ckpt.pt'}"] + words)
+    assert files(world.root, tmp_path) == before
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -196,16 +246,43 @@ def test_lines_the_parser_cannot_take_are_set_aside():
         assert rundir.parse_record(line) is None
 
 
+def reshaped(learned):
+    """Copies of a GPT.learned report, each with one value of another shape: a quantity, or one of its named numbers,
+    made a list (e.g. "alpha": [1, 2] for {"gelu": 1, "silu": 2}), or a quantity's names nested one level deeper."""
+    for i, layer in enumerate(learned['layers']):
+        for part, quantities in layer.items():
+            for q, value in quantities.items():
+                named = isinstance(value, dict)
+                for other in ([list(value.values()), {'x': value}] + [{**value, n: [x]} for n, x in value.items()]
+                              if named else [[value], {'x': {'y': value}}]):
+                    copy = json.loads(json.dumps(learned))
+                    copy['layers'][i][part][q] = other
+                    yield copy
+
+
 @pytest.mark.parametrize('variant', list(VARIANTS))
 def test_what_train_py_logs_reads_back(variant):
-    """Every variant's evaluation record, with what its activations learned in a dense and an MoE block, is a record."""
+    """Every variant's evaluation record, with what its activations learned in a dense and an MoE block, is a record;
+    with any of those values of another shape (or a key beside the layers) it is set aside."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=65, ffn=variant, n_expert=2,
                           moe_every=2))
     learned = model.learned(torch.randint(65, (2, 8)))
-    line = json.dumps({**GOOD, 'ms': 12.5, 'tok_s': 1e4, 'grad_norm': 0.5, 'loss_total': 4.01, 'aux': 0.01, 'z': 1e-3,
-                       'act': learned})
-    assert rundir.parse_record(line) == json.loads(line)
+    record = lambda act: json.dumps({**GOOD, 'ms': 12.5, 'tok_s': 1e4, 'grad_norm': 0.5, 'loss_total': 4.01,
+                                     'aux': 0.01, 'z': 1e-3, 'act': act})
+    assert rundir.parse_record(record(learned)) == json.loads(record(learned))
+    others = list(reshaped(learned)) + [{**learned, 'n_layer': 2}]
+    assert len(others) >= 5 and all(rundir.parse_record(record(act)) is None for act in others)
+
+
+def test_seeds_whose_learned_quantities_disagree_in_shape_are_averaged_where_they_agree():
+    """Two records as the schema allows them, one seed's alpha named numbers and the other's a number: the summary's
+    mean leaves alpha out, in either order, and keeps what the seeds agree on."""
+    a = {'layers': [{'act': {'alpha': {'gelu': 1.0, 'silu': 0.0}, 'c_std': {'gelu': 0.5}}}]}
+    b = {'layers': [{'act': {'alpha': 0.5, 'c_std': {'gelu': 0.25}}}]}
+    assert all(rundir.parse_record(json.dumps({**GOOD, 'act': act})) for act in (a, b))
+    for seeds in ([a, b], [b, a]):
+        assert report.mean_over_seeds(seeds) == {'layers': [{'act': {'c_std': {'gelu': 0.375}}}]}
 
 
 def test_a_real_run_logs_only_records(world):
@@ -215,7 +292,7 @@ def test_a_real_run_logs_only_records(world):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Ctrl-C at the edges
+# Ctrl-C and SIGTERM at the edges
 
 
 def test_main_gets_python_ctrl_c_and_the_rest_the_quiet_one():
@@ -238,11 +315,15 @@ def test_main_gets_python_ctrl_c_and_the_rest_the_quiet_one():
 
 
 @pytest.mark.skipif(not os.path.exists('/proc/self/maps'), reason='watches the import of torch in /proc')
-@pytest.mark.parametrize('script', ['train.py', 'compare.py', 'sample.py', 'inspect_run.py'])
+@pytest.mark.parametrize('script', ['train.py', 'compare.py', 'sample.py', 'inspect_run.py', 'bench.py',
+                                    *(f'data/{d}/prepare.py' for d in ('shakespeare_char', 'shakespeare', 'text',
+                                                                       'openwebtext', 'fineweb10B'))])
 def test_ctrl_c_while_a_command_imports_torch(script, tmp_path):
-    """SIGINT as soon as the command has begun to load libtorch, in the middle of `import torch`: status 130, one
-    line. The child takes SIGINT as in a terminal (a shell's background job would ignore it)."""
-    p = subprocess.Popen([sys.executable, script, f'--out_dir={tmp_path}'], cwd=ROOT, text=True,
+    """SIGINT as soon as the command has begun to load libtorch, in the middle of `import torch` (a prepare script's
+    through its writers): status 130, one line. The child takes SIGINT as in a terminal (a shell's background job
+    would ignore it). Its argument would stop it at once if the signal came too late."""
+    arg = f'--json={tmp_path}' if script == 'bench.py' else f'--out_dir={tmp_path}'
+    p = subprocess.Popen([sys.executable, script, arg], cwd=ROOT, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
@@ -255,3 +336,13 @@ def test_ctrl_c_while_a_command_imports_torch(script, tmp_path):
     finally:
         p.kill()  # a command the signal missed would go on to train
     assert (p.returncode, err, out) == (130, 'interrupted.\n', '')
+
+
+def test_sigterm_while_a_config_file_runs_ends_as_any_sigterm(tmp_path):
+    """compare.py stops on SIGTERM as on Ctrl-C: one that arrives while a config file executes ends it with
+    'terminated.' and status 143, as it would a moment later, not as the file's own sys.exit (an error, status 2)."""
+    (tmp_path / 'c.py').write_text('import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(60)\n')
+    p = subprocess.run([sys.executable, 'compare.py', str(tmp_path / 'c.py'), f'--out_dir={tmp_path / "out"}'],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stderr, p.stdout) == (143, 'terminated.\n', '')
+    assert os.listdir(tmp_path) == ['c.py']

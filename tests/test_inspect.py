@@ -135,11 +135,14 @@ def untrained_run(run_dir, data_dir, **model_args):
     """A checkpoint at iteration 0, as train.py writes it: the freshly initialised GPT."""
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=65, **model_args)
     os.makedirs(run_dir)
-    save_checkpoint({'model': GPT(config).state_dict(), 'model_args': asdict(config), 'iter_num': 0,
+    model = GPT(config)
+    save_checkpoint({'model': model.state_dict(), 'model_args': asdict(config), 'iter_num': 0,
                      'config': {'dataset': 'shakespeare_char', 'block_size': 32, 'batch_size': 4, 'seed': 1,
-                                'data_dir': data_dir}, 'meta': {'vocab_size': 65}, 'optimizer': {},
-                     'best_val_loss': float('inf'), 'tokens': 0, 'train_time': 0.0, 'world_size': 1, 'rng': [{}],
-                     'loader': [{}]}, run_dir)
+                                'data_dir': data_dir}, 'meta': {'vocab_size': 65},
+                     'optimizer': model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu').state_dict(),
+                     'best_val_loss': float('inf'), 'tokens': 0, 'train_time': 0.0, 'world_size': 1,
+                     'rng': [train.rng_state('cpu')],
+                     'loader': [DataLoader('shakespeare_char', 32, 4, 1, data_dir=data_dir).state_dict()]}, run_dir)
     return run_dir
 
 

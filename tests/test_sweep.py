@@ -60,7 +60,7 @@ def u_loss(run, half):
 
 def train_synthetically(cfg, monkeypatch):
     """compare.run_comparison's steps, each run 'trained' with the synthetic losses; returns its runs as scanned."""
-    def train_all(todo, slots, threads, pbar):
+    def train_all(todo, slots, threads, overwrite, pbar):
         for r in todo:
             finish(r.spec, u_loss(r.spec, 0), u_loss(r.spec, 1))
         return [runs_py.scan(r.spec) for r in todo]
@@ -193,7 +193,7 @@ def test_a_tiny_sweep_end_to_end_reused_and_planned(shakespeare_char_dir, tmp_pa
         code, err = call(compare.main, [a.replace(str(out), str(tmp_path / 'fresh')) for a in argv] + ['--plan'], capsys)
     lines = plan.getvalue().splitlines()
     assert len(lines) == 12 and sum('--learning_rate=0.004 ' in l and '--min_lr=0.0004 ' in l for l in lines) == 4
-    assert 'fresh seeds 1339,1340) are listed once these are done' in err
+    assert 'again until it prints nothing (its runs come in at most 2 rounds' in err  # then the fresh seeds' runs
     best = f"lr{summary['lr']['gelu']['best']:.3g}"
     shutil.rmtree(out / 'gelu' / best / 'seed1340')  # the sweep done: a verdict's run is what is left to plan
     with contextlib.redirect_stdout(io.StringIO()) as plan:

@@ -11,6 +11,8 @@ import time
 
 DATA = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(DATA))  # the repo root, so `python data/.../prepare.py` works
+from cli import quiet_interrupt  # first, once cli can be found: a Ctrl-C while numpy and torch import ends quietly
+quiet_interrupt(__name__)
 
 import numpy as np
 
