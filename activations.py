@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import lean
+from machinery import memory_lean
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The dictionary of elementwise activations, each with its derivative (the lean backward passes need both).
@@ -55,7 +55,7 @@ def parse_dict(act_dict):
 
 
 def formula_or_lean(formula, lean_fn, *args):
-    """The one place eager and compiled training part ways. Eager, the memory-lean autograd Function of lean.py, which
+    """The one place eager and compiled training part ways. Eager, the memory-lean autograd Function of memory_lean.py, which
     keeps only the inputs for backward. Compiled, the plain formula: Inductor fuses it, chooses what backward keeps
     itself, and its on-disk cache can store the graph (it skips graphs that hold a custom Function)."""
     return formula(*args) if torch.compiler.is_compiling() else lean_fn(*args)
@@ -120,7 +120,7 @@ def rms_normalize(v, eps=1e-6):
 def poly_formula(h, coeffs, use_relu, use_norm, eps=1e-6):
     """a_0 + Σ_{p=1..r} a_p · N(base^p) with base = h or relu(h) (N skipped without norm), in fp32 (at least),
     returned in h's dtype. Plain autograd keeps every power and every normalised tensor for backward."""
-    hf, a = lean.fp32(h), lean.fp32(coeffs)
+    hf, a = memory_lean.fp32(h), memory_lean.fp32(coeffs)
     base = torch.relu(hf) if use_relu else hf
     y = a[0] * torch.ones_like(hf)
     for p in range(1, len(a)):
@@ -149,7 +149,7 @@ class Poly(Activation):
         self.coeffs = nn.Parameter(torch.tensor([0.0] + [1.0 / order] * order))  # [a_0, a_1, ..., a_r]
 
     def forward(self, h, coefs=None):
-        return formula_or_lean(poly_formula, lean.poly, h, self.coeffs, self.use_relu, self.use_norm, self.eps)
+        return formula_or_lean(poly_formula, memory_lean.poly, h, self.coeffs, self.use_relu, self.use_norm, self.eps)
 
     def learned(self, x):
         return {"coeffs": {f"a{i}": a for i, a in enumerate(self.coeffs.tolist())}}
@@ -178,13 +178,13 @@ class Poly(Activation):
 def mix_formula(h, coefs, basis):
     """Σ_k c_k φ_k(h) over the dictionary basis ((φ, φ') pairs), coefs (..., K) broadcast over the hidden channels (a
     single row (K,) for LA), in fp32 (at least), returned in h's dtype. Plain autograd keeps the K activations."""
-    hf, c = lean.fp32(h), lean.fp32(coefs)
+    hf, c = memory_lean.fp32(h), memory_lean.fp32(coefs)
     return sum(c[..., k : k + 1] * fn(hf) for k, (fn, _) in enumerate(basis)).to(h.dtype)
 
 
 def mix_product(g, u, cg, cu, basis_g, basis_u):
     """(Σ_k cg_k φ_k(g)) ⊙ (Σ_l cu_l φ_l(u)): both branches of la_glu / moa_glu, in fp32, returned in g's dtype."""
-    return (mix_formula(lean.fp32(g), cg, basis_g) * mix_formula(lean.fp32(u), cu, basis_u)).to(g.dtype)
+    return (mix_formula(memory_lean.fp32(g), cg, basis_g) * mix_formula(memory_lean.fp32(u), cu, basis_u)).to(g.dtype)
 
 
 def _init_alpha(names, la_init):
@@ -217,7 +217,7 @@ class LA(Activation):
         return self.alpha
 
     def forward(self, h, coefs=None):
-        return formula_or_lean(mix_formula, lean.mix, h, self.alpha, self.basis)
+        return formula_or_lean(mix_formula, memory_lean.mix, h, self.alpha, self.basis)
 
     def learned(self, x):
         return {"alpha": dict(zip(self.names, self.alpha.tolist()))}
@@ -255,7 +255,7 @@ class MoA(Activation):
 
     def token_coefs(self, x):
         """c(x): K coefficients per token, at least fp32 (tiny)."""
-        z = lean.fp32(self.mix_logits(x))
+        z = memory_lean.fp32(self.mix_logits(x))
         if self.gate_kind == "plain_sigmoid":
             return torch.sigmoid(z)
         if self.gate_kind == "sigmoid":
@@ -270,7 +270,7 @@ class MoA(Activation):
         return coefs
 
     def forward(self, h, coefs):
-        return formula_or_lean(mix_formula, lean.mix, h, coefs, self.basis)
+        return formula_or_lean(mix_formula, memory_lean.mix, h, coefs, self.basis)
 
     def learned(self, x):
         """α (plain_sigmoid: c_mean, the mean of c_k(x) over the tokens of x), and c_std: the std of c_k(x) across the
@@ -287,7 +287,7 @@ def glu(act_gate, act_up, g, u, coefs_gate, coefs_up):
     """φ_gate(g) ⊙ φ_up(u). Two mixtures (la_glu, moa_glu) run as one product, so that the lean path can fuse them."""
     if isinstance(act_gate, (LA, MoA)) and isinstance(act_up, (LA, MoA)):
         cg, cu = act_gate.coefficients(coefs_gate), act_up.coefficients(coefs_up)
-        return formula_or_lean(mix_product, lean.mix_glu, g, u, cg, cu, act_gate.basis, act_up.basis)
+        return formula_or_lean(mix_product, memory_lean.mix_glu, g, u, cg, cu, act_gate.basis, act_up.basis)
     return act_gate(g, coefs_gate) * act_up(u, coefs_up)
 
 
@@ -300,7 +300,7 @@ def glu(act_gate, act_up, g, u, coefs_gate, coefs_up):
 def xielu_formula(h, a_p, a_n, beta, eps):
     """φ(h) = α_p·h² + β·h for h > 0, α_n·(expm1(min(h, ε)) − h) + β·h for h ≤ 0, with α_p = softplus(a_p),
     α_n = β + softplus(a_n); in fp32 (at least), returned in h's dtype."""
-    hf = lean.fp32(h)
+    hf = memory_lean.fp32(h)
     alpha_p, alpha_n = F.softplus(a_p), beta + F.softplus(a_n)
     pos = alpha_p * hf * hf + beta * hf
     # min(h, ε) whose slope at h = ε is 1, as the derivative below takes it (torch.clamp's tie rule varies by version)
@@ -325,7 +325,7 @@ class XIELU(Activation):
         self.a_n = nn.Parameter(torch.tensor(inv_softplus(alpha_n_init - beta)))
 
     def forward(self, h, coefs=None):
-        return formula_or_lean(xielu_formula, lean.xielu, h, self.a_p, self.a_n, self.beta, self.eps)
+        return formula_or_lean(xielu_formula, memory_lean.xielu, h, self.a_p, self.a_n, self.beta, self.eps)
 
     def learned(self, x):
         return {"alpha_p": F.softplus(self.a_p).item(), "alpha_n": (self.beta + F.softplus(self.a_n)).item()}

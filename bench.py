@@ -16,7 +16,7 @@ kept for backward per token (through the compiled graph when compiled); on a GPU
 kind's baseline (gelu or swiglu, always included). --n_expert > 0 makes every variant an MoE, also timed against its
 dense twin (the same active weights). Prints a markdown table; --json gets it all, raw step times too.
 """
-from cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
+from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
 import os
 import platform
@@ -28,12 +28,12 @@ from datetime import datetime, timezone
 import torch
 
 import configurator
-import device as hw
 from activations import VARIANTS, baseline_of
-from cli import UserError, parse_args, run_cli
 from configurator import check, check_variants, model_config
+from machinery import device as hw
+from machinery.cli import UserError, parse_args, run_cli
+from machinery.files import check_writable, write_json
 from model import GPT
-from rundir import check_writable, write_json
 
 BENCH_DEFAULTS = dict(
     variants="all",  # comma-separated FFN variants, or 'all'; gelu / swiglu are added as baselines

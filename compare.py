@@ -13,7 +13,7 @@ fresh seeds (a sweep's verdict), report. The same command again reuses finished 
 and refuses other settings unless --overwrite=True. Writes summary.md, summary.json, loss.png and acts.png into out_dir
 (a ladder: each size's in out_dir/<size>/, then its own), the table on stdout.
 """
-from cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
+from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
 import contextlib
 import os
@@ -22,20 +22,16 @@ import subprocess
 import sys
 import time
 
-import cluster
 import configurator
 import inspect_run
-import ladder
-import plots
-import report
-import stats
-from cli import RunStopped, UserError, parse_args, raise_terminated, run_cli, split_list
 from configurator import TYPES, check, check_variants, memory_needs, meta_model, scale_counts, variant_settings
-from device import compile_cache_dir, resolve_device, resolve_dtype
-from progress import progress_bar
-from rundir import (HELD, LOCK, LOCK_FD_ENV, LOG, RECORD, STOPPED, TRAIN_OUT, check_writable, ctrl_c_held, parse_record,
-                    try_lock_run_dir, write_json)
-from runs import FINISHED, command_line, identifies, make_run, scan
+from machinery import ladder, placement, plots, report, stats
+from machinery.cli import RunStopped, UserError, parse_args, raise_terminated, run_cli, split_list
+from machinery.device import compile_cache_dir, resolve_device, resolve_dtype
+from machinery.files import HELD, LOCK, LOCK_FD_ENV, check_writable, ctrl_c_held, try_lock_run_dir, write_json
+from machinery.progress import progress_bar
+from machinery.run_log import LOG, STOPPED, parse_record
+from machinery.runs import FINISHED, RECORD, TRAIN_OUT, command_line, identifies, make_run, scan
 
 COMPARE_DEFAULTS = dict(
     variants='gelu,swiglu',  # comma-separated ffn names (see activations.VARIANTS)
@@ -251,7 +247,7 @@ class Job:
         write_json(os.path.join(d, RECORD), dict(settings=run.settings, processes=run.processes, at_once=at_once))
         cmd = command_line(run.spec, START[run.state])
         env = dict(os.environ, PYTHONUNBUFFERED='1', TORCHINDUCTOR_CACHE_DIR=compile_cache_dir(),
-                   **cluster.gpu_env(gpus), **cluster.thread_env(threads))
+                   **placement.gpu_env(gpus), **placement.thread_env(threads))
         # the child shares the lock (one open file); torchrun holds it for its workers, whom it passes no descriptor
         held = HELD + os.path.abspath(os.path.join(d, LOCK))
         env[LOCK_FD_ENV] = str(lock.fileno()) if run.processes == 1 else held
@@ -322,7 +318,7 @@ def last_error_line(path):
 
 
 def train_all(todo, slots, threads, overwrite, pbar):
-    """Train the runs of todo, one per slot (its GPUs: cluster.placement) at a time; returns them read again. A run
+    """Train the runs of todo, one per slot (its GPUs: placement.placement) at a time; returns them read again. A run
     whose directory another process holds (a second compare.py) is left to it, then reused or resumed, or refused if
     it trained it with other settings (unless overwrite)."""
     pending, active, waiting, free, done = list(todo), [], set(), list(range(len(slots))), {}
@@ -387,10 +383,10 @@ def train_missing(cfg, comp, runs):
             if run.state != 'mismatch':  # a mismatch's record still says what its directory holds
                 check_writable(run.dir, create=True)
                 write_json(os.path.join(run.dir, RECORD), dict(settings=run.settings, processes=run.processes))
-        cluster.print_plan([command_line(r.spec, START[r.state]) for r in todo], len(runs), cfg['threads'],
+        placement.print_plan([command_line(r.spec, START[r.state]) for r in todo], len(runs), cfg['threads'],
                            plan_rounds(cfg, comp))
         return None
-    gpus, jobs, at_once = cluster.resolve_jobs(cfg, len(todo), *run_size(cfg, todo)) if todo else ([], cfg['jobs'], '')
+    gpus, jobs, at_once = placement.resolve_jobs(cfg, len(todo), *run_size(cfg, todo)) if todo else ([], cfg['jobs'], '')
     check_writable(cfg['out_dir'], create=True)
     per = sorted({len({r.lr for r in runs if r.variant == v}) for v in {r.variant for r in runs}})  # rates per variant
     rates = f" x {per[0]}{'' if len(per) == 1 else f'-{per[-1]}'} rates" if runs[0].lr is not None else ''
@@ -407,7 +403,7 @@ def train_missing(cfg, comp, runs):
         elif run.state == 'retrain':
             pbar.write(f"{run.name}: to train again: its log has no intact record of its checkpoint's evaluation",
                        file=sys.stderr)
-    trained = {r.dir: r for r in train_all(todo, cluster.placement(jobs, gpus, cfg['nproc_per_run']), cfg['threads'],
+    trained = {r.dir: r for r in train_all(todo, placement.placement(jobs, gpus, cfg['nproc_per_run']), cfg['threads'],
                                            cfg['overwrite'], pbar)}
     pbar.close()
     return [trained.get(r.dir, r) for r in runs]
@@ -431,7 +427,7 @@ def run_comparison(cfg, comp, runs):
     if fresh and (fresh := train_missing(cfg, comp, fresh)) is None:
         return None
     if cfg['plan']:
-        return cluster.print_plan([], len(runs) + len(fresh), cfg['threads'], plan_rounds(cfg, comp))
+        return placement.print_plan([], len(runs) + len(fresh), cfg['threads'], plan_rounds(cfg, comp))
     summary = write_report(cfg, comp, runs, fresh)
     print(f"wrote {cfg['out_dir']}/summary.md, loss.png, acts.png ({time.time() - t0:.0f} s)", file=sys.stderr)
     return summary

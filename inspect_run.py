@@ -14,7 +14,7 @@ each (token, chosen expert) pair). φ is evaluated at the histogram's bin centre
 (PolyNorm's norm, MoA's c(x_t)) as the median and 10-90% band over tokens. w_b = bin b's share of h; moved from init
 = sqrt(Σ_b w_b (φ(h_b) − φ_init(h_b))²), 0 at init; init_rms = sqrt(Σ_b w_b φ_init(h_b)²) gives it a scale.
 """
-from cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
+from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
 import math
 import os
@@ -25,11 +25,12 @@ import numpy as np
 import torch
 
 from activations import make_activations
-from cli import UserError, parse_args, run_cli
-from configurator import checkpoint_model, load_checkpoint
-from device import resolve_device
+from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint
+from machinery.cli import UserError, parse_args, run_cli
+from machinery.device import resolve_device
+from machinery.files import check_writable, save_figure, write_json
+from machinery.run_log import LOG, read_log_lines
 from model import MoE
-from rundir import CKPT, LOG, check_writable, read_log_lines, save_figure, write_json
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory: ckpt.pt, log.jsonl; acts.png and acts.json are written there

@@ -19,8 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from activations import VARIANTS, Activation, check_variant, glu, make_activations
-from expert_mm import expert_matmul
+from activations import Activation, VARIANTS, check_variant, glu, make_activations
+from machinery.grouped_matmul import expert_matmul
 
 
 # ----------------------------------------------------------------------------------------------------------------------

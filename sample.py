@@ -8,18 +8,17 @@ Sample from a model trained by train.py, decoding with the checkpoint's own toke
 Each sample is printed as the prompt followed by max_new_tokens generated tokens, then a line of dashes.
 Status messages go to stderr, so stdout holds only the samples.
 """
-from cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
+from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
 import os
 import sys
 
 import torch
 
-import device
-from cli import UserError, parse_args, read_text, run_cli
-from configurator import checkpoint_model, load_checkpoint
 from data.tokenizer import get_tokenizer
-from rundir import CKPT
+from machinery import device
+from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint
+from machinery.cli import UserError, parse_args, read_text, run_cli
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory holding ckpt.pt

@@ -22,7 +22,7 @@ Worth knowing:
   or a file cannot be written; a checkpoint only ever holds finite weights. NANOFFN_NAN_AT=k makes iteration k's
   loss NaN.
 """
-from cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
+from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
 import hashlib
 import json
@@ -36,15 +36,15 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import device
-import wandb_log
-from cli import RunStopped, UserError, parse_args, run_cli
-from configurator import (DEFAULTS, MODEL_KEYS, STREAM_KEYS, TYPES, check, check_memory, checkpoint_model,
-                          load_checkpoint, model_config, optimizer_fault, unusable)
+from configurator import DEFAULTS, MODEL_KEYS, STREAM_KEYS, TYPES, check, check_memory, model_config
+from machinery import device, wandb_log
+from machinery.checkpoint import (CKPT, checkpoint_model, load_checkpoint, model_state, optimizer_fault, rng_state,
+                                  save_checkpoint, set_rng_state, unusable)
+from machinery.cli import RunStopped, UserError, parse_args, run_cli
+from machinery.files import lock_run_dir, write_text
+from machinery.progress import progress_bar
+from machinery.run_log import LOG, STOPPED, append_log, truncate_log
 from model import GPT
-from progress import progress_bar
-from rundir import (CKPT, LOG, STOPPED, append_log, lock_run_dir, model_state, save_checkpoint, truncate_log,
-                    write_text)
 
 DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
 
@@ -94,25 +94,6 @@ def get_lr(it, cfg):
     if it < decay_start:
         return lr
     return lr + (min_lr - lr) * (it - decay_start) / max(1, decay_iters - decay_start)
-
-
-def rng_state(device_type):
-    # plain Python types and tensors only, so the checkpoint loads with torch.load(weights_only=True)
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {'python': random.getstate(), 'numpy': [name, keys.tolist(), pos, has_gauss, cached],
-             'torch': torch.get_rng_state()}
-    if device_type == 'cuda':
-        state['cuda'] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state, device_type):
-    random.setstate(tuple(v if not isinstance(v, list) else tuple(v) for v in state['python']))
-    name, keys, pos, has_gauss, cached = state['numpy']
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state['torch'])
-    if device_type == 'cuda' and 'cuda' in state:
-        torch.cuda.set_rng_state(state['cuda'])
 
 
 class Trainer:

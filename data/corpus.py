@@ -4,9 +4,9 @@ import os
 import re
 import time
 
-from cli import parse_args
 from data.shards import SHARD_TOKENS
 from data.tokenizer import read_vendored
+from machinery.cli import parse_args
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shakespeare.txt.gz")
 CORPUS_SHA256 = "127def5f65170e14cc06e3899fcec39c223fd81b281537a0a8a168e853972790"  # of the .gz file

@@ -10,9 +10,9 @@ import os
 import numpy as np
 import torch
 
-from cli import UserError
 from data.shards import check_vocab, open_shard, shard_info, shard_paths
-from rundir import read_json
+from machinery.cli import UserError
+from machinery.files import read_json
 
 DATA_DIR = os.path.dirname(os.path.abspath(__file__))  # the repo's data/, where prepare scripts write by default
 TRAIN_STREAM, VAL_STREAM = 0, 1  # keep the training and validation generators apart

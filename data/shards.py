@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 
-from cli import UserError
-from rundir import check_writable, write_file, write_json
+from machinery.cli import UserError
+from machinery.files import check_writable, write_file, write_json
 
 MAGIC = 20240520
 VERSION = 1

@@ -6,7 +6,7 @@ import os
 
 import tiktoken
 
-from cli import UserError
+from machinery.cli import UserError
 
 GPT2_RANKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt2.tiktoken")
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"

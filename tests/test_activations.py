@@ -1,7 +1,7 @@
 """The activations equal their papers' formulas (independent float64 references written here, not imported): every
 dictionary entry, every MoA gate and every FFN variant of the registry, values and gradients; exactly where an
 equivalence is claimed (LA one-hot = the fixed activation, MoA with zero gates = LA, bi-sided GLUs = SwiGLU); the
-memory-lean Functions of lean.py equal the plain formulas and pass float64 gradcheck; and they keep no more memory for
+memory-lean Functions of memory_lean.py equal the plain formulas and pass float64 gradcheck; and they keep no more memory for
 backward than the baselines do."""
 import contextlib
 import io
@@ -14,16 +14,15 @@ import pytest
 import torch
 
 import activations as A
-import lean
 import train
 from bench import saved_bytes_for_backward
-from model import GPTConfig
-from model import FFN, GPT
+from machinery import memory_lean
+from model import FFN, GPT, GPTConfig
 
 torch.manual_seed(0)
 ROOT = Path(__file__).resolve().parent.parent
 LEARNED = [v for v in A.VARIANTS if A.VARIANTS[v].extras(GPTConfig(ffn=v)) > 0]  # variants with learned extras
-# the variants whose eager activations run a memory-lean Function of lean.py (found by the modules they build)
+# the variants whose eager activations run a memory-lean Function of memory_lean.py (found by the modules they build)
 LEAN = [v for v in LEARNED if isinstance(A.make_activations(GPTConfig(ffn=v))[0], (A.Poly, A.LA, A.MoA, A.XIELU))]
 MOA = [v for v in A.VARIANTS if isinstance(A.make_activations(GPTConfig(ffn=v))[0], A.MoA)]
 ALPHA_GATES = [g for g in A.MOA_GATES if A.MoA(["relu"], 4, gate=g).alpha is not None]  # the gates that contain LA
@@ -363,7 +362,7 @@ def test_every_curve_through_a_tokens_own_inputs_is_what_its_ffn_computes(varian
 
 # ---- the memory-lean Functions: equal to the plain formulas, and float64 gradcheck ---------------------------------
 def lean_and_formula_pairs():
-    """(name, lean call, formula call, float64 inputs that need gradients) for every Function of lean.py."""
+    """(name, lean call, formula call, float64 inputs that need gradients) for every Function of memory_lean.py."""
     K, names = len(A.BASIS), tuple(A.BASIS)
     h, u = (torch.randn(2, 3, 10, dtype=torch.float64, requires_grad=True) for _ in range(2))
     c_token, c_shared = torch.randn(2, 3, K, dtype=torch.float64), torch.randn(K, dtype=torch.float64)
@@ -372,15 +371,15 @@ def lean_and_formula_pairs():
     a = torch.randn(4, dtype=torch.float64)
     ap, an = torch.tensor(0.3, dtype=torch.float64), torch.tensor(-0.2, dtype=torch.float64)
     h_away = torch.cat([torch.linspace(-5, -0.01, 20), torch.linspace(0.01, 5, 20)]).double()  # off xIELU's kinks
-    pairs = [(f"poly relu={r} norm={n}", lambda h, a, r=r, n=n: lean.poly(h, a, r, n, 1e-6),
+    pairs = [(f"poly relu={r} norm={n}", lambda h, a, r=r, n=n: memory_lean.poly(h, a, r, n, 1e-6),
               lambda h, a, r=r, n=n: A.poly_formula(h, a, r, n), (h, a)) for r, n in [(0, 1), (1, 0), (1, 1)]]
-    pairs += [("mix per token", lambda h, c: lean.mix(h, c, basis(names)), lambda h, c: A.mix_formula(h, c, basis(names)),
+    pairs += [("mix per token", lambda h, c: memory_lean.mix(h, c, basis(names)), lambda h, c: A.mix_formula(h, c, basis(names)),
                (h, c_token)),
-              ("mix shared", lambda h, c: lean.mix(h, c, basis(names)), lambda h, c: A.mix_formula(h, c, basis(names)),
+              ("mix shared", lambda h, c: memory_lean.mix(h, c, basis(names)), lambda h, c: A.mix_formula(h, c, basis(names)),
                (h, c_shared)),
-              ("mix glu", lambda g, u, cg, cu: lean.mix_glu(g, u, cg, cu, basis(names), basis(up)),
+              ("mix glu", lambda g, u, cg, cu: memory_lean.mix_glu(g, u, cg, cu, basis(names), basis(up)),
                lambda g, u, cg, cu: A.mix_product(g, u, cg, cu, basis(names), basis(up)), (h, u, c_token, c_up)),
-              ("xielu", lambda h, a, b: lean.xielu(h, a, b, 0.5, -1e-6), lambda h, a, b: A.xielu_formula(h, a, b, 0.5, -1e-6),
+              ("xielu", lambda h, a, b: memory_lean.xielu(h, a, b, 0.5, -1e-6), lambda h, a, b: A.xielu_formula(h, a, b, 0.5, -1e-6),
                (h_away, ap, an))]
     return [(name, fl, ff, tuple(t.detach().clone().requires_grad_(True) for t in args)) for name, fl, ff, args in pairs]
 
@@ -399,7 +398,7 @@ def test_the_lean_xielu_backward_matches_autograd_at_its_kinks():
     """At h = 0 and h = ε, where finite differences straddle a kink, the Function's slope is the formula's."""
     h = torch.tensor([0.0, -1e-7, 1e-7, -1e-6, -2e-6], dtype=torch.float64, requires_grad=True)
     ap, an = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (0.3, -0.2))
-    got = torch.autograd.grad(lean.xielu(h, ap, an, 0.5, -1e-6).sum(), (h, ap, an))
+    got = torch.autograd.grad(memory_lean.xielu(h, ap, an, 0.5, -1e-6).sum(), (h, ap, an))
     want = torch.autograd.grad(A.xielu_formula(h, ap, an, 0.5, -1e-6).sum(), (h, ap, an))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
@@ -423,7 +422,7 @@ def test_naive_polynorm_would_keep_much_more():
     h = torch.randn(4, 64, 512, requires_grad=True)
     a = torch.randn(4, requires_grad=True)
     naive, _ = saved_bytes_for_backward(lambda h: poly_reference("polynorm", h, a), h)
-    lean_bytes, _ = saved_bytes_for_backward(lambda h: lean.poly(h, a, False, True, 1e-6), h)
+    lean_bytes, _ = saved_bytes_for_backward(lambda h: memory_lean.poly(h, a, False, True, 1e-6), h)
     assert naive > 3 * lean_bytes
 
 
@@ -474,7 +473,7 @@ def test_compiled_learned_activations_run_the_plain_formula(variant):
     ffn = FFN(GPTConfig(n_embd=32, n_head=4, ffn=variant))
     assert "autograd_function_apply" not in dynamo_ops(ffn, torch.randn(2, 8, 32))
     h, c = torch.randn(2, 8, 40, requires_grad=True), torch.randn(len(A.BASIS), requires_grad=True)
-    assert "autograd_function_apply" in dynamo_ops(lambda h, c: lean.mix(h, c, basis(A.BASIS)), h, c)
+    assert "autograd_function_apply" in dynamo_ops(lambda h, c: memory_lean.mix(h, c, basis(A.BASIS)), h, c)
 
 
 @pytest.mark.slow

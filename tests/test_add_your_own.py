@@ -17,17 +17,17 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import test_moe  # noqa: E402
+from test_docs import readme_variant_problems  # noqa: E402
+from test_hostile import TINY  # noqa: E402
 import activations as A  # noqa: E402
 import compare  # noqa: E402
 import inspect_run  # noqa: E402
 import test_activations as T  # noqa: E402
 import test_model  # noqa: E402
-import test_moe  # noqa: E402
 import train  # noqa: E402
-from cli import to_argv  # noqa: E402
+from machinery.cli import to_argv  # noqa: E402
 from model import GPTConfig  # noqa: E402
-from test_docs import readme_variant_problems  # noqa: E402
-from test_hostile import TINY  # noqa: E402
 
 README = (T.ROOT / "README.md").read_text(encoding="utf-8")
 GUIDE = README.split("## Add your own activation")[1].split("\n## ")[0]
@@ -131,8 +131,8 @@ def test_a_new_dictionary_entry_is_mixed_exactly_and_its_derivative_checked(adde
     basis = tuple(A.BASIS[n] for n in names)
     h = torch.randn(2, 3, 10, dtype=torch.float64, requires_grad=True)
     c = torch.randn(2, 3, len(names), dtype=torch.float64, requires_grad=True)
-    torch.testing.assert_close(A.lean.mix(h, c, basis), A.mix_formula(h, c, basis))
-    assert torch.autograd.gradcheck(lambda h, c: A.lean.mix(h, c, basis), (h, c))
+    torch.testing.assert_close(A.memory_lean.mix(h, c, basis), A.mix_formula(h, c, basis))
+    assert torch.autograd.gradcheck(lambda h, c: A.memory_lean.mix(h, c, basis), (h, c))
 
 
 @pytest.mark.parametrize("variant", NEW_VARIANTS)

@@ -21,14 +21,12 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from test_hostile import call
 import compare
 import configurator
-import report
-import rundir
-import runs
-from cli import RunStopped, UserError, run_cli
+from machinery import files, report, run_log, runs
+from machinery.cli import RunStopped, UserError, run_cli
 from model import GPT, GPTConfig
-from test_hostile import call
 
 
 def grid_specs(cfg):
@@ -265,10 +263,10 @@ def test_only_a_diverged_run_is_an_outcome(tmp_path):
     with pytest.raises(RunStopped, match='No space left'):
         job.finish()
     assert scan_state(spec) == 'scratch'
-    record = os.path.join(spec['dir'], rundir.RECORD)
-    rundir.write_json(record, {'settings': {**spec['settings'], 'n_embd': 64}, 'processes': 1})
+    record = os.path.join(spec['dir'], runs.RECORD)
+    files.write_json(record, {'settings': {**spec['settings'], 'n_embd': 64}, 'processes': 1})
     assert scan_state(spec) == 'scratch'  # not 'mismatch': nothing was trained with those settings
-    rundir.append_log(job.log_path, {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
+    run_log.append_log(job.log_path, {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
     assert scan_state(spec) == 'mismatch'  # but a failed try that trained some says what it was
     os.remove(job.log_path)
     diverged = "the training loss became non-finite (nan) at iteration 3, so the run stopped"
@@ -287,7 +285,7 @@ def test_a_run_without_a_checkpoint_does_not_make_the_times_mixed(tmp_path):
     planned = grid_specs(cfg)
     for r in planned:
         os.makedirs(r['dir'])
-        rundir.append_log(os.path.join(r['dir'], 'log.jsonl'), {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
+        run_log.append_log(os.path.join(r['dir'], 'log.jsonl'), {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
     runs_ = [runs.scan(spec) for spec in planned]
     runs_[0] = dataclasses.replace(runs_[0], checkpoint={'compiled': False})  # one eager run with a checkpoint
     shapes = {r.variant: {'params': None, 'scale': None} for r in runs_}
@@ -314,7 +312,7 @@ def test_a_planned_run_that_diverged_before_its_first_checkpoint_keeps_its_setti
         compare.main(argv + ['--plan=True'])
     (run,) = grid_specs(compare.settings(argv + ['--learning_rate=1e-3']))
     assert scan_state(run) == 'scratch'  # planned, never started: the new settings simply replace the plan
-    rundir.append_log(os.path.join(run['dir'], 'log.jsonl'), {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
+    run_log.append_log(os.path.join(run['dir'], 'log.jsonl'), {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
     with open(os.path.join(run['dir'], 'stopped.txt'), 'w') as f:
         f.write('the training loss became non-finite\n')
     assert scan_state(grid_specs(compare.settings(argv))[0]) == 'stopped'
@@ -453,7 +451,7 @@ def test_a_record_of_the_wrong_shape_is_refused_naming_its_field(tmp_path, field
     argv = [f'--out_dir={tmp_path}', '--variants=gelu', '--seeds=1', *TINY]
     (spec,) = grid_specs(compare.settings(argv))
     os.makedirs(spec['dir'])
-    rundir.write_json(os.path.join(spec['dir'], 'compare.json'), {'settings': spec['settings'], 'processes': 1,
+    files.write_json(os.path.join(spec['dir'], 'compare.json'), {'settings': spec['settings'], 'processes': 1,
                                                                   field: value})
     code, err = call(compare.main, argv + ['--report'], capsys)
     assert code == 2 and f"compare.json is not a record compare.py writes (its {field} is" in err

@@ -12,9 +12,8 @@ import sys
 import pytest
 import torch
 
-from model import GPTConfig
-from model import GPT
-from rundir import model_state
+from machinery.checkpoint import model_state
+from model import GPT, GPTConfig
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_train import assert_ok, log, train  # noqa: E402
@@ -70,9 +69,11 @@ def test_second_process_is_served_from_the_cache(cache_runs):
 # train.py's main in a fresh process, then Dynamo's own record of what it compiled (forward frames; a backward
 # compiled lazily is an entry of its own)
 COUNT = """
-import json, sys
-import cli, train
+import json
+import sys
 from torch._dynamo.utils import counters, get_compilation_metrics
+import train
+from machinery import cli
 try:
     cli.run_cli(train.main, sys.argv[2:])
 except SystemExit as e:
@@ -163,7 +164,7 @@ def test_step_time_leaves_compiling_out(cache_runs):
 
 
 def test_compile_default_is_on_for_cuda_only(shakespeare_char_dir, tmp_path):
-    import device
+    from machinery import device
     assert device.compile_default('cuda') is True
     assert device.compile_default('cpu') is False and device.compile_default('mps') is False
     p = train(shakespeare_char_dir, str(tmp_path / 'run'), '--compile=auto', '--max_iters=2', '--eval_interval=2')

@@ -4,7 +4,7 @@ They are collected everywhere and skipped, with the reason, where torch sees no 
 What they establish on the GPU, where the CPU tests cannot look:
 - every FFN variant, compiled and run in bf16 autocast as training runs it, computes the loss, logits and gradients
   of the eager fp32 model within a stated tolerance, with no graph break;
-- the MoE's grouped matmul (expert_mm.GROUPED_MM, bf16 on CUDA) gives the per-expert loop's outputs and gradients,
+- the MoE's grouped matmul (grouped_matmul.GROUPED_MM, bf16 on CUDA) gives the per-expert loop's outputs and gradients,
   and the compiled bf16 MoE GPT has no graph break;
 - the optimizer is fused AdamW and steps like the unfused one;
 - a 20-step compare.py of a dense and an MoE variant on synthetic shards, compiled in bf16, shares the GPU, trains
@@ -19,12 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-import device
-import expert_mm
 from activations import VARIANTS
-from model import GPTConfig
 from data.shards import write_shard
-from model import GPT
+from machinery import device, grouped_matmul
+from model import GPT, GPTConfig
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -97,14 +95,14 @@ def test_compiled_bf16_matches_eager_fp32_without_graph_breaks(variant):
 
 @pytest.mark.parametrize('ffn', ['relu', 'swiglu', 'moa_glu'])
 def test_moe_grouped_mm_in_bf16_equals_the_per_expert_loop(ffn, monkeypatch):
-    if not expert_mm._grouped_mm_ok(*(torch.empty(1, 16, device='cuda', dtype=torch.bfloat16),) * 2):
+    if not grouped_matmul._grouped_mm_ok(*(torch.empty(1, 16, device='cuda', dtype=torch.bfloat16),) * 2):
         pytest.skip(f"torch {torch.__version__} has no grouped matmul for bf16 on {torch.cuda.get_device_name()}")
     gpt = tiny_gpt(ffn, n_expert=4, top_k=2, n_layer=1)
     moe = gpt.transformer.h[0].ffn
     x = torch.randn(4, 64, 128, device='cuda')
     calls = []
-    grouped_mm = expert_mm.GROUPED_MM
-    monkeypatch.setattr(expert_mm, 'GROUPED_MM', lambda *a, **kw: calls.append(1) or grouped_mm(*a, **kw))
+    grouped_mm = grouped_matmul.GROUPED_MM
+    monkeypatch.setattr(grouped_matmul, 'GROUPED_MM', lambda *a, **kw: calls.append(1) or grouped_mm(*a, **kw))
     results = {}
     for grouped in (True, False):
         moe.use_grouped_mm = grouped

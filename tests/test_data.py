@@ -19,14 +19,13 @@ import tiktoken
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from cli import RunStopped, UserError
 from test_hostile import call as run  # noqa: E402  (a script's main, in this process: exit status, stderr)
-from data import shards
-from data import tokenizer as tokmod
+from data import shards, tokenizer as tokmod
 from data.corpus import read_shakespeare
 from data.loader import DataLoader, DatasetNotPrepared
 from data.shards import HEADER_BYTES, ShardError, open_shard, shard_info, shard_paths, write_dataset, write_shard
-from data.tokenizer import EOT, CharTokenizer, get_tokenizer
+from data.tokenizer import CharTokenizer, EOT, get_tokenizer
+from machinery.cli import RunStopped, UserError
 
 EOT_TEXT = "<|endoftext|>"
 

@@ -19,12 +19,12 @@ sys.path.insert(0, REPO)
 import bench  # noqa: E402
 import compare  # noqa: E402
 import configurator  # noqa: E402
-import device  # noqa: E402
 import train  # noqa: E402
 from activations import VARIANTS  # noqa: E402
-from cli import UserError  # noqa: E402
 from data.shards import write_shard  # noqa: E402
-from device import Compute  # noqa: E402
+from machinery import device  # noqa: E402
+from machinery.cli import UserError  # noqa: E402
+from machinery.device import Compute  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',

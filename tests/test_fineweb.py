@@ -10,8 +10,8 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from cli import UserError, run_cli  # noqa: E402
-from data.loader import PREPARE_COMMANDS, DataLoader, DatasetNotPrepared  # noqa: E402
+from data.loader import DataLoader, DatasetNotPrepared, PREPARE_COMMANDS  # noqa: E402
+from machinery.cli import UserError, run_cli  # noqa: E402
 
 TOKENS = {"fineweb_val_000000.bin": 300, "fineweb_train_000001.bin": 500, "fineweb_train_000002.bin": 400,
           "fineweb_train_000003.bin": 200}
@@ -147,7 +147,7 @@ def test_a_cache_on_another_filesystem_is_copied_whole(fineweb, tmp_path, monkey
 
 
 def test_config_reads_the_dataset_and_has_the_budget_its_header_states():
-    import cli
+    from machinery import cli
     import configurator
     cwd = os.getcwd()
     os.chdir(REPO)

@@ -22,11 +22,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import sample  # noqa: E402
-from activations import VARIANTS  # noqa: E402
 import train  # noqa: E402
-from cli import run_cli  # noqa: E402
+from activations import VARIANTS  # noqa: E402
 from data.loader import DataLoader  # noqa: E402
 from data.shards import HEADER_BYTES, shard_info, write_shard  # noqa: E402
+from machinery.cli import run_cli  # noqa: E402
 
 TINY = ['--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
         '--block_size=32', '--batch_size=4', '--eval_iters=2', '--warmup_iters=0']
@@ -221,7 +221,7 @@ def test_hostile_input(case, script, extra, code, words, world, tmp_path, capsys
 def test_divergence_leaves_a_finite_checkpoint_that_loads_and_resumes(world, tmp_path, capsys):
     """With learning_rate=100 PolyReLU's weights overflow: the run stops before a checkpoint holds them. The last
     checkpoint is finite, samples, and resumes exactly (the same step diverges again, and it is kept again)."""
-    from configurator import load_checkpoint
+    from machinery.checkpoint import load_checkpoint
     out = tmp_path / 'run'
     code, err = call(train.main, TINY + DIVERGING + [f'--data_dir={world.data}', f'--out_dir={out}'], capsys)
     assert code == 3, err
@@ -293,12 +293,12 @@ def test_a_run_directory_has_one_owner(world, tmp_path, capsys):
 
 def test_a_lock_compare_holds_for_its_torchrun_processes_is_theirs_alone(tmp_path):
     """torchrun passes no descriptor on, so compare.py keeps a DDP run's lock and names its file to the run."""
-    import rundir
-    lock, _ = rundir.try_lock_run_dir(str(tmp_path / 'run'))
-    other, _ = rundir.try_lock_run_dir(str(tmp_path / 'other'))
-    code = 'import rundir, sys; print(rundir.try_lock_run_dir(sys.argv[1])[1])'
+    from machinery import files
+    lock, _ = files.try_lock_run_dir(str(tmp_path / 'run'))
+    other, _ = files.try_lock_run_dir(str(tmp_path / 'other'))
+    code = 'import sys; from machinery import files; print(files.try_lock_run_dir(sys.argv[1])[1])'
     for held, owner in (('run', 'None'), ('other', f'PID {os.getpid()}'), (None, f'PID {os.getpid()}')):
-        env = {**os.environ, rundir.LOCK_FD_ENV: rundir.HELD + str(tmp_path / held / '.lock') if held else ''}
+        env = {**os.environ, files.LOCK_FD_ENV: files.HELD + str(tmp_path / held / '.lock') if held else ''}
         p = subprocess.run([sys.executable, '-c', code, str(tmp_path / 'run')], cwd=ROOT, env=env, capture_output=True,
                            text=True)
         assert p.stdout.startswith(owner), (held, p.stdout, p.stderr)
@@ -378,12 +378,12 @@ def processes_of(run_dir):
 def test_a_terminated_compare_stops_its_runs(world, tmp_path, nproc):
     """SIGTERM (kill, timeout) ends compare.py as Ctrl-C does: its train.py (every torchrun worker) is stopped too
     and the directory freed."""
-    import rundir
+    from machinery import files
     p, run_dir = start_a_long_comparison(world, tmp_path, nproc)
     p.terminate()
     assert p.wait(timeout=120) == 143
     assert processes_of(run_dir) == []
-    lock, owner = rundir.try_lock_run_dir(run_dir)
+    lock, owner = files.try_lock_run_dir(run_dir)
     assert owner is None
     lock.close()
 
@@ -391,12 +391,12 @@ def test_a_terminated_compare_stops_its_runs(world, tmp_path, nproc):
 @pytest.mark.slow
 def test_a_ddp_run_keeps_its_directory_locked_while_it_trains(world, tmp_path):
     """compare.py killed outright: its torchrun run trains on, and its directory stays locked until that ends."""
-    import rundir
+    from machinery import files
     p, run_dir = start_a_long_comparison(world, tmp_path, 2)
     p.kill()
     p.wait()
     try:
-        assert rundir.try_lock_run_dir(run_dir)[1] is not None
+        assert files.try_lock_run_dir(run_dir)[1] is not None
     finally:
         for pid in processes_of(run_dir):
             subprocess.run(['kill', '-9', pid])

@@ -17,17 +17,15 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import cli  # noqa: E402
+from test_hostile import TINY, call, files, message_lines, world  # noqa: E402,F401 (world: the fixture)
 import compare  # noqa: E402
 import configurator  # noqa: E402
 import inspect_run  # noqa: E402
-import report  # noqa: E402
-import rundir  # noqa: E402
 import sample  # noqa: E402
 import train  # noqa: E402
 from activations import VARIANTS  # noqa: E402
+from machinery import cli, report, run_log  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from test_hostile import TINY, call, files, message_lines, world  # noqa: E402,F401 (world: the fixture)
 
 
 def config_file(text):
@@ -234,16 +232,16 @@ BAD = {
 def test_records_of_the_wrong_shape_are_set_aside(case, tmp_path):
     record = {k: v for k, v in {**GOOD, **BAD[case]}.items() if v is not DROP}
     bad = json.dumps(record) + '\n'
-    assert rundir.parse_record(bad) is None
+    assert run_log.parse_record(bad) is None
     path = tmp_path / 'log.jsonl'
     path.write_text(json.dumps({**GOOD, 'iter': 0}) + '\n' + bad + json.dumps(GOOD) + '\n')
-    records, damaged = rundir.read_log_lines(str(path))
+    records, damaged = run_log.read_log_lines(str(path))
     assert [r['iter'] for r in records] == [0, 4] and damaged == [bad]
 
 
 def test_lines_the_parser_cannot_take_are_set_aside():
     for line in ['[' * 100_000 + ']' * 100_000, '{"iter": 1' + '0' * 5000 + '}', '{"iter": 4, "ms": Infinity}']:
-        assert rundir.parse_record(line) is None
+        assert run_log.parse_record(line) is None
 
 
 def reshaped(learned):
@@ -270,9 +268,9 @@ def test_what_train_py_logs_reads_back(variant):
     learned = model.learned(torch.randint(65, (2, 8)))
     record = lambda act: json.dumps({**GOOD, 'ms': 12.5, 'tok_s': 1e4, 'grad_norm': 0.5, 'loss_total': 4.01,
                                      'aux': 0.01, 'z': 1e-3, 'act': act})
-    assert rundir.parse_record(record(learned)) == json.loads(record(learned))
+    assert run_log.parse_record(record(learned)) == json.loads(record(learned))
     others = list(reshaped(learned)) + [{**learned, 'n_layer': 2}]
-    assert len(others) >= 5 and all(rundir.parse_record(record(act)) is None for act in others)
+    assert len(others) >= 5 and all(run_log.parse_record(record(act)) is None for act in others)
 
 
 def test_seeds_whose_learned_quantities_disagree_in_shape_are_averaged_where_they_agree():
@@ -280,14 +278,14 @@ def test_seeds_whose_learned_quantities_disagree_in_shape_are_averaged_where_the
     mean leaves alpha out, in either order, and keeps what the seeds agree on."""
     a = {'layers': [{'act': {'alpha': {'gelu': 1.0, 'silu': 0.0}, 'c_std': {'gelu': 0.5}}}]}
     b = {'layers': [{'act': {'alpha': 0.5, 'c_std': {'gelu': 0.25}}}]}
-    assert all(rundir.parse_record(json.dumps({**GOOD, 'act': act})) for act in (a, b))
+    assert all(run_log.parse_record(json.dumps({**GOOD, 'act': act})) for act in (a, b))
     for seeds in ([a, b], [b, a]):
         assert report.mean_over_seeds(seeds) == {'layers': [{'act': {'c_std': {'gelu': 0.375}}}]}
 
 
 def test_a_real_run_logs_only_records(world):
     lines = open(os.path.join(world.run, 'log.jsonl')).readlines()
-    records, damaged = rundir.read_log_lines(os.path.join(world.run, 'log.jsonl'))
+    records, damaged = run_log.read_log_lines(os.path.join(world.run, 'log.jsonl'))
     assert damaged == [] and len(records) == len(lines) == 2 and 'val_halves' in records[-1]
 
 
@@ -319,16 +317,17 @@ def test_main_gets_python_ctrl_c_and_the_rest_the_quiet_one():
                                     *(f'data/{d}/prepare.py' for d in ('shakespeare_char', 'shakespeare', 'text',
                                                                        'openwebtext', 'fineweb10B'))])
 def test_ctrl_c_while_a_command_imports_torch(script, tmp_path):
-    """SIGINT as soon as the command has begun to load libtorch, in the middle of `import torch` (a prepare script's
-    through its writers): status 130, one line. The child takes SIGINT as in a terminal (a shell's background job
-    would ignore it). Its argument would stop it at once if the signal came too late."""
+    """SIGINT as soon as the command has begun to load its heaviest library, in the middle of `import torch` (a prepare
+    script's: numpy, it imports no torch): status 130, one line. The child takes SIGINT as in a terminal (a shell's
+    background job would ignore it). Its argument would stop it at once if the signal came too late."""
     arg = f'--json={tmp_path}' if script == 'bench.py' else f'--out_dir={tmp_path}'
     p = subprocess.Popen([sys.executable, script, arg], cwd=ROOT, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 60
-        while 'libtorch' not in open(f'/proc/{p.pid}/maps').read():
+        library = '_multiarray_umath' if script.startswith('data/') else 'libtorch'
+        while library not in open(f'/proc/{p.pid}/maps').read():
             assert p.poll() is None and time.time() < deadline, p.communicate()
             time.sleep(0.005)
         p.send_signal(signal.SIGINT)

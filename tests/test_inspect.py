@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 from dataclasses import asdict
+from machinery import checkpoint  # noqa: E402
 
 import numpy as np
 import pytest
@@ -22,11 +23,10 @@ import activations
 import compare
 import inspect_run
 import train
-from cli import run_cli, to_argv
-from model import GPTConfig
 from data.loader import DataLoader
-from model import GPT
-from rundir import save_checkpoint
+from machinery.checkpoint import save_checkpoint
+from machinery.cli import run_cli, to_argv
+from model import GPT, GPTConfig
 
 
 def grid_specs(cfg):
@@ -141,7 +141,7 @@ def untrained_run(run_dir, data_dir, **model_args):
                                 'data_dir': data_dir}, 'meta': {'vocab_size': 65},
                      'optimizer': model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu').state_dict(),
                      'best_val_loss': float('inf'), 'tokens': 0, 'train_time': 0.0, 'world_size': 1,
-                     'rng': [train.rng_state('cpu')],
+                     'rng': [checkpoint.rng_state('cpu')],
                      'loader': [DataLoader('shakespeare_char', 32, 4, 1, data_dir=data_dir).state_dict()]}, run_dir)
     return run_dir
 

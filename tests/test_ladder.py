@@ -14,10 +14,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import compare
 import configurator
-import ladder
-from cli import UserError
-from model import GPTConfig
-from model import GPT
+from machinery import ladder
+from machinery.cli import UserError
+from model import GPT, GPTConfig
 
 
 def test_sizes_pick_even_head_sizes_between_16_and_64():

@@ -74,22 +74,22 @@ def test_grouped_mm_equals_per_expert_loop(ffn):
 def test_the_grouped_matmul_is_torchs_public_one_or_on_hopper_its_private_one(fake_gpu, monkeypatch):
     """torch.nn.functional.grouped_mm (torch 2.10+) takes fp32 and bf16 on a CPU and bf16 on CUDA; torch 2.8-2.9 have
     only torch._grouped_mm, for CUDA bf16 on compute capability 9.0 and newer; everything else takes the loop."""
-    import expert_mm
+    from machinery import grouped_matmul
     from torch._subclasses.fake_tensor import FakeTensorMode
     a, w = torch.randn(8, 16), torch.randn(2, 16, 16)
-    assert expert_mm._grouped_mm_ok(a, w) == hasattr(F, "grouped_mm")
-    assert not expert_mm._grouped_mm_ok(a, w[:, :, :3])  # rows of 12 bytes: not 16-byte aligned
-    monkeypatch.setattr(expert_mm, "PUBLIC", False)
-    monkeypatch.setattr(expert_mm, "GROUPED_MM", torch._grouped_mm)
-    assert not expert_mm._grouped_mm_ok(a, w)
+    assert grouped_matmul._grouped_mm_ok(a, w) == hasattr(F, "grouped_mm")
+    assert not grouped_matmul._grouped_mm_ok(a, w[:, :, :3])  # rows of 12 bytes: not 16-byte aligned
+    monkeypatch.setattr(grouped_matmul, "PUBLIC", False)
+    monkeypatch.setattr(grouped_matmul, "GROUPED_MM", torch._grouped_mm)
+    assert not grouped_matmul._grouped_mm_ok(a, w)
     with FakeTensorMode():  # shapes, dtypes and devices only: no GPU needed
         cuda = lambda t, dtype: torch.empty(t.shape, dtype=dtype, device="cuda")
         for capability, ok in (((9, 0), True), ((8, 0), False)):
             fake_gpu(capability=capability)
-            assert expert_mm._grouped_mm_ok(cuda(a, torch.bfloat16), cuda(w, torch.bfloat16)) == ok
-            assert not expert_mm._grouped_mm_ok(cuda(a, torch.float32), cuda(w, torch.float32))
-    monkeypatch.setattr(expert_mm, "GROUPED_MM", None)  # torch 2.6-2.7
-    assert not expert_mm._grouped_mm_ok(a, w)
+            assert grouped_matmul._grouped_mm_ok(cuda(a, torch.bfloat16), cuda(w, torch.bfloat16)) == ok
+            assert not grouped_matmul._grouped_mm_ok(cuda(a, torch.float32), cuda(w, torch.float32))
+    monkeypatch.setattr(grouped_matmul, "GROUPED_MM", None)  # torch 2.6-2.7
+    assert not grouped_matmul._grouped_mm_ok(a, w)
 
 
 def routed_batch(moe, preferred):
@@ -213,7 +213,7 @@ def test_moe_gpt_trains_under_compile_like_eager():
 def test_gradcheck_expert_matmul_custom_op():
     """float64 gradcheck of the expert matmul's registered backward (float64 takes the per-expert loop; the grouped
     path is checked against the loop above), with an empty group in the middle."""
-    from expert_mm import expert_mm
+    from machinery.grouped_matmul import expert_mm
 
     a = torch.randn(7, 4, dtype=torch.float64, requires_grad=True)
     w = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)

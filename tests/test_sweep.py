@@ -16,14 +16,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import compare  # noqa: E402
-import report  # noqa: E402
-import runs as runs_py  # noqa: E402
-from cli import UserError  # noqa: E402
 from test_hostile import TINY, call  # noqa: E402
+import compare  # noqa: E402
+from machinery import report, runs as runs_py  # noqa: E402
+from machinery.cli import UserError  # noqa: E402
 
 
-import rundir  # noqa: E402
+from machinery import runs  # noqa: E402
 
 
 def grid_specs(cfg):
@@ -42,7 +41,7 @@ def settings(out, *extra):
 def finish(run, select, report_half):
     """Make `run` look finished, as train.py leaves it: its record and a log whose last evaluation has these halves."""
     os.makedirs(run['dir'], exist_ok=True)
-    with open(os.path.join(run['dir'], rundir.RECORD), 'w') as f:
+    with open(os.path.join(run['dir'], runs.RECORD), 'w') as f:
         json.dump({'settings': run['settings'], 'processes': 1}, f)
     last = {'iter': run['settings']['max_iters'], 'tokens': 512, 'loss': 3.0, 'ms': 1.0, 'tok_s': 1e5,
             'val_loss': (select + report_half) / 2, 'val_halves': [select, report_half], 'val_hash': 'v',

@@ -14,10 +14,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import cli  # noqa: E402
 import configurator  # noqa: E402
 import train as train_py  # noqa: E402
-from cli import UserError, parse_args  # noqa: E402
+from machinery import cli  # noqa: E402
+from machinery.cli import UserError, parse_args  # noqa: E402
 
 TINY = ['--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
         '--block_size=32', '--batch_size=4', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2',
@@ -219,7 +219,7 @@ def test_ddp_matches_gradient_accumulation(shakespeare_char_dir, tmp_path):
 # check 4: a kill during the checkpoint write leaves the previous checkpoint loadable
 
 def test_killed_checkpoint_write_keeps_previous(tiny_run, monkeypatch):
-    import rundir
+    from machinery import checkpoint
     _, out = tiny_run
     path = os.path.join(out, 'ckpt.pt')
     before = open(path, 'rb').read()
@@ -234,7 +234,7 @@ def test_killed_checkpoint_write_keeps_previous(tiny_run, monkeypatch):
 
     monkeypatch.setattr(torch, 'save', dying_save)
     with pytest.raises(KeyboardInterrupt):
-        rundir.save_checkpoint({**ckpt, 'iter_num': 999}, out)
+        checkpoint.save_checkpoint({**ckpt, 'iter_num': 999}, out)
     monkeypatch.undo()
     assert open(path, 'rb').read() == before
     assert torch.load(path, weights_only=True)['iter_num'] == 4
@@ -299,7 +299,7 @@ def test_run_cli_exit_codes(capsys):
 
 def test_a_closed_stdout_pipe_ends_quietly():
     """`python sample.py ... | head`: no BrokenPipeError traceback, the shell's status for SIGPIPE."""
-    code = 'from cli import run_cli; run_cli(lambda argv: [print("x" * 1000) for _ in range(100000)])'
+    code = 'from machinery.cli import run_cli; run_cli(lambda argv: [print("x" * 1000) for _ in range(100000)])'
     p = subprocess.Popen([sys.executable, '-c', code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     p.stdout.read(10)
     p.stdout.close()
@@ -319,7 +319,7 @@ def test_activation_settings_are_checked_before_anything_runs():
 
 
 def test_device_names_are_checked(fake_gpu):
-    from device import resolve_device
+    from machinery.device import resolve_device
     for bad in ('cuda:x', 'cpu:0', 'gpu', 'cuda:'):
         with pytest.raises(UserError, match='--device expects'):
             resolve_device(bad)
@@ -334,7 +334,7 @@ def test_device_names_are_checked(fake_gpu):
 def test_train_and_bench_set_up_the_hardware_only_through_device_setup(shakespeare_char_dir, tmp_path, monkeypatch):
     """device.setup is the one hardware set-up: train.py calls it, and neither train.py nor bench.py (whose call
     tests/test_bench.py checks) resolves a device or dtype, joins a process group or sets TF32 itself."""
-    import device
+    from machinery import device
     calls, setup = [], device.setup
     monkeypatch.setattr(device, 'setup', lambda *a: calls.append(a) or setup(*a))
     train_here(shakespeare_char_dir, str(tmp_path / 'run'), '--max_iters=0')
@@ -350,7 +350,7 @@ def test_device_setup_joins_torchrun_s_process_group(monkeypatch):
     joins the process group, gloo on a CPU."""
     import socket
     import torch.distributed as dist
-    from device import Compute, setup
+    from machinery.device import Compute, setup
     assert setup('cpu', 'auto') == Compute('cpu', 'float32', ddp=False, rank=0, local_rank=0, world_size=1)
     with socket.socket() as s:  # a free port for the group's rendezvous
         s.bind(('127.0.0.1', 0))
@@ -368,7 +368,7 @@ def test_device_setup_joins_torchrun_s_process_group(monkeypatch):
 def test_the_compile_cache_is_the_documented_one_after_inductor_has_loaded(tmp_path):
     """Building AdamW loads Inductor, which writes its own default (/tmp/torchinductor_USER) into
     TORCHINDUCTOR_CACHE_DIR: the cache train.py uses stays ~/.cache/nanoffn/torchinductor unless the user set one."""
-    code = ("import device, model; m = model.GPT(model.GPTConfig(n_layer=1, n_head=2, n_embd=32, "
+    code = ("import model; from machinery import device; m = model.GPT(model.GPTConfig(n_layer=1, n_head=2, n_embd=32, "
             "vocab_size=65)); m.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu'); print(device.compile_cache_dir())")
     clean = {k: v for k, v in env(XDG_CACHE_HOME=str(tmp_path)).items() if k != 'TORCHINDUCTOR_CACHE_DIR'}
     for extra, want in (({}, os.path.join(str(tmp_path), 'nanoffn', 'torchinductor')),
@@ -381,7 +381,7 @@ def test_the_compile_cache_is_the_documented_one_after_inductor_has_loaded(tmp_p
 def test_a_float16_run_logs_records_that_read_back(shakespeare_char_dir, tmp_path):
     """float16's loss scaler skips its first steps (their gradient norm is not finite): their lines are still records
     (grad_norm null), so resuming keeps them instead of moving them to log.jsonl.damaged."""
-    from rundir import read_log_lines
+    from machinery.run_log import read_log_lines
     out = str(tmp_path / 'run')
     train_here(shakespeare_char_dir, out, '--dtype=float16', '--max_iters=3', '--eval_interval=3', '--block_size=1',
                '--batch_size=1')  # a shape whose first scaled gradients overflow float16

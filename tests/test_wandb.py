@@ -138,7 +138,7 @@ def test_compare_groups_a_comparison_and_tags_variant_and_seed(shakespeare_char_
 def test_wandb_log_without_wandb_is_refused_before_anything_is_written(monkeypatch):
     """A wandb that cannot be imported (missing, or broken) is refused by the settings check, before a run replaces
     anything; with --wandb_log off it is never imported."""
-    import cli
+    from machinery import cli
     import configurator
     monkeypatch.setitem(sys.modules, 'wandb', None)  # `import wandb` now raises ImportError
     with pytest.raises(cli.UserError, match='needs the wandb package, which cannot be imported'):

@@ -21,13 +21,12 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from test_hostile import TINY, call, files, message_lines  # noqa: E402
 import compare  # noqa: E402
 import inspect_run  # noqa: E402
-import rundir  # noqa: E402
-import runs  # noqa: E402
 import train  # noqa: E402
-from cli import run_cli, to_argv  # noqa: E402
-from test_hostile import TINY, call, files, message_lines  # noqa: E402
+from machinery import files as file_safety, run_log, runs  # noqa: E402
+from machinery.cli import run_cli, to_argv  # noqa: E402
 
 
 def grid_specs(cfg):
@@ -82,7 +81,7 @@ def fail_writes(monkeypatch, match='', skip=0):
         full.f = f
         return full
 
-    monkeypatch.setattr(rundir, 'open', patched, raising=False)
+    monkeypatch.setattr(file_safety, 'open', patched, raising=False)
 
 
 def tmp_files(folder):
@@ -102,7 +101,7 @@ def run_args(data, out, *extra):
 
 
 def same_log_and_weights(a, b):
-    la, lb = (rundir.read_log_lines(os.path.join(d, 'log.jsonl'))[0] for d in (a, b))
+    la, lb = (run_log.read_log_lines(os.path.join(d, 'log.jsonl'))[0] for d in (a, b))
     assert [(r['iter'], r.get('loss'), r.get('val_loss')) for r in la] == [(r['iter'], r.get('loss'), r.get('val_loss'))
                                                                            for r in lb]
     wa, wb = (torch.load(os.path.join(d, 'ckpt.pt'), weights_only=True)['model'] for d in (a, b))

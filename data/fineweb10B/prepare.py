@@ -10,13 +10,13 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so `python data/.../prepare.py` works
-from cli import quiet_interrupt  # first, once cli can be found: a Ctrl-C while numpy and torch import ends quietly
+from machinery.cli import quiet_interrupt  # first, once cli can be found: a Ctrl-C while numpy and torch import ends quietly
 quiet_interrupt(__name__)
 
-from cli import UserError, parse_args, run_cli
 from data.shards import ShardError, check_out_dir, shard_info, shard_paths
 from data.tokenizer import GPT2Tokenizer
-from rundir import write_file, write_json
+from machinery.cli import UserError, parse_args, run_cli
+from machinery.files import write_file, write_json
 
 REPO_ID = "kjj0/fineweb10B-gpt2"
 N_TRAIN_SHARDS = 103  # fineweb_train_000001.bin ... fineweb_train_000103.bin

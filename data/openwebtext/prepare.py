@@ -17,16 +17,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so `python data/.../prepare.py` works
-from cli import quiet_interrupt  # first, once cli can be found: a Ctrl-C while numpy and torch import ends quietly
+from machinery.cli import quiet_interrupt  # first, once cli can be found: a Ctrl-C while numpy and torch import ends quietly
 quiet_interrupt(__name__)
 
 import numpy as np
 from tqdm import tqdm
 
-from cli import UserError, parse_args, run_cli
 from data.shards import SHARD_TOKENS, STAGING, check_out_dir, shard_info, write_shard
 from data.tokenizer import EOT, GPT2Tokenizer
-from rundir import read_json, write_json
+from machinery.cli import UserError, parse_args, run_cli
+from machinery.files import read_json, write_json
 
 REPO_ID = "Skylion007/openwebtext"
 # a commit ("Fix bibtex") with subsets/urlsf_subset00.tar ... 20.tar: main has since moved to parquet files

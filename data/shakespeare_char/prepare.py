@@ -7,15 +7,15 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so `python data/.../prepare.py` works
-from cli import quiet_interrupt  # first, once cli can be found: a Ctrl-C while numpy and torch import ends quietly
+from machinery.cli import quiet_interrupt  # first, once cli can be found: a Ctrl-C while numpy and torch import ends quietly
 quiet_interrupt(__name__)
 
 import numpy as np
 
-from cli import run_cli
 from data.corpus import VAL_WORKS, prepare_main, read_shakespeare, split_works
 from data.shards import SHARD_TOKENS, check_out_dir, write_dataset
 from data.tokenizer import CharTokenizer
+from machinery.cli import run_cli
 
 
 def prepare(out_dir=HERE, shard_tokens=SHARD_TOKENS):

@@ -11,14 +11,14 @@ import time
 
 DATA = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(DATA))  # the repo root, so `python data/.../prepare.py` works
-from cli import quiet_interrupt  # first, once cli can be found: a Ctrl-C while numpy and torch import ends quietly
+from machinery.cli import quiet_interrupt  # first, once cli can be found: a Ctrl-C while numpy and torch import ends quietly
 quiet_interrupt(__name__)
 
 import numpy as np
 
-from cli import UserError, parse_args, read_text, run_cli, split_list
 from data.shards import SHARD_TOKENS, check_out_dir, write_dataset
-from data.tokenizer import EOT, CharTokenizer, GPT2Tokenizer
+from data.tokenizer import CharTokenizer, EOT, GPT2Tokenizer
+from machinery.cli import UserError, parse_args, read_text, run_cli, split_list
 
 DEFAULTS = dict(
     input='',  # comma-separated .txt files and/or folders (required)

@@ -1,15 +1,13 @@
 """
-The files nanoFFN writes and reads back, and the rule they all follow: a write lands whole or not at all.
+Writing files so that a failure loses nothing, and a run directory's lock.
 
 Every file is written into a temporary file beside its place, synced and renamed over it, so a kill, a full disk or a
 read-only folder leaves what was there before intact and no temporary file behind; a failure to write stops the
-command with one sentence (RunStopped, exit status 3). log.jsonl is the one file appended to: a line that is not a
-record as train.py writes it is set aside when read. A run directory holds ckpt.pt, log.jsonl, .lock (its owner) and
-stopped.txt (why it diverged; the next try removes it).
+command with one sentence (RunStopped, exit status 3). Appending (log.jsonl, run_log.py) is the one exception. A run
+directory's .lock names the process that owns it: one run per directory.
 """
 import fcntl
 import json
-import math
 import os
 import signal
 import socket
@@ -17,19 +15,7 @@ import sys
 import tempfile
 from contextlib import contextmanager, suppress
 
-import torch
-
-from cli import RunStopped, UserError
-
-# a run directory's files, named here only
-CKPT = 'ckpt.pt'  # the model, optimizer and settings at the last evaluation (train.py)
-LOG = 'log.jsonl'  # one record per logged iteration (train.py; FIELDS below)
-STOPPED = 'stopped.txt'  # why the run diverged (train.py; the next try removes it)
-RECORD = 'compare.json'  # compare.py's record of a run it started or planned: its settings, before any checkpoint
-TRAIN_OUT = 'train.out'  # the output of every try compare.py started, each after its `$ command` line
-LOCK = '.lock'  # a run directory's owner
-LOCK_FD_ENV = 'NANOFFN_LOCK_FD'  # compare.py hands the lock it took for a run to the train.py it starts
-HELD = 'held:'  # ... or, to torchrun's workers (it passes no descriptor on), the lock file torchrun holds for them
+from machinery.cli import RunStopped, UserError
 
 # ----------------------------------------------------------------------------------------------------------------------
 # writing
@@ -78,6 +64,14 @@ def write_text(path, text):
     write_file(path, lambda f: f.write(text))
 
 
+def append_lines(path, lines):
+    try:
+        with open(path, 'a', encoding='utf-8') as f:
+            f.writelines(lines)
+    except OSError as e:
+        raise write_failed(path, e) from None
+
+
 def write_json(path, obj):
     write_file(path, lambda f: f.write(json.dumps(obj, indent=1) + '\n'))
 
@@ -85,14 +79,6 @@ def write_json(path, obj):
 def save_figure(fig, path):
     """A matplotlib figure as a PNG, atomically (a full disk must not truncate the previous picture)."""
     write_file(path, lambda f: fig.savefig(f, format='png', dpi=fig.dpi), binary=True)
-
-
-def _torch_save(obj, f):
-    try:
-        torch.save(obj, f)
-    except RuntimeError as e:  # torch.save's writer reports a failed write (a full disk) as a RuntimeError
-        raise OSError(getattr(e.__context__, 'errno', None), getattr(e.__context__, 'strerror', None) or
-                      'the write failed, e.g. the disk is full') from None
 
 
 @contextmanager
@@ -108,26 +94,8 @@ def ctrl_c_held():
             raise KeyboardInterrupt
 
 
-def save_checkpoint(ckpt, out_dir):
-    with ctrl_c_held():
-        write_file(os.path.join(out_dir, CKPT), lambda f: _torch_save(ckpt, f), binary=True)
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # reading
-
-
-def model_state(state_dict):
-    """A checkpoint's weights as a plain GPT's state dict: a compiled model's keys carry '_orig_mod.' and a DDP one's
-    'module.', at the start or (regional compilation) inside."""
-    out = {}
-    for k, v in state_dict.items():
-        for prefix in ('_orig_mod.', 'module.'):
-            while k.startswith(prefix):
-                k = k[len(prefix):]
-            k = k.replace('.' + prefix, '.')
-        out[k] = v
-    return out
 
 
 def read_json(path):
@@ -141,91 +109,12 @@ def read_json(path):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# log.jsonl: one JSON object per logged iteration (see train.py). FIELDS: what each field train.py writes must be to be
-# read back (any may be absent but 'iter'), so that a record of another shape is set aside as a damaged line is, never
-# an exception in a report. Bounds: a loss is a cross-entropy in nats, |x| <= 1e6 (e^-1e6 is no probability a
-# float holds); ints are int64s; every other number a float32's (what train.py logs comes from float32 tensors).
-F32_MAX = 3.4028234663852886e38
-
-
-def _in(lo, hi, kinds=(int, float)):
-    return lambda v: type(v) in kinds and lo <= v <= hi  # type, not isinstance: a bool is no number; NaN is in no range
-
-
-def _dict_of(test):
-    return lambda v: type(v) is dict and all(test(x) for x in v.values())
-
-
-_COUNT, _LOSS, _NUMBER = _in(0, 2**63 - 1, (int,)), _in(-1e6, 1e6), _in(-F32_MAX, F32_MAX)
-# act (GPT.learned): {'layers': [{part (act, act_up, moe): {quantity: number, or {name: number}}}, one per layer]}
-_LAYER = _dict_of(_dict_of(lambda q: _NUMBER(q) or _dict_of(_NUMBER)(q)))
-_TEXT, _NUMBER_OR_NULL = (lambda v: type(v) is str), (lambda v: v is None or _NUMBER(v))
-FIELDS = {'iter': _COUNT, 'tokens': _COUNT, 'lr': _NUMBER, 'loss': _LOSS, 'val_loss': _LOSS, 'ms': _NUMBER,
-          'tok_s': _NUMBER, 'mfu': _NUMBER_OR_NULL, 'grad_norm': _NUMBER_OR_NULL, 'batch_hash': _TEXT,
-          'val_hash': _TEXT, 'loss_total': _NUMBER, 'aux': _NUMBER, 'z': _NUMBER,  # the last three an MoE's
-          'val_halves': lambda v: type(v) is list and len(v) == 2 and all(map(_LOSS, v)),
-          'act': lambda v: type(v) is dict and v.keys() == {'layers'} and type(v['layers']) is list
-          and all(map(_LAYER, v['layers']))}
-
-
-def parse_record(line):
-    """A log line's record if it is one as train.py writes it (FIELDS; any other float finite), else None."""
-    try:
-        r = json.loads(line)
-    except (ValueError, RecursionError):  # RecursionError: brackets nested deeper than the parser goes
-        return None
-    valid = (type(r) is dict and 'iter' in r and all(FIELDS[k](v) for k, v in r.items() if k in FIELDS)
-             and all(math.isfinite(v) for v in r.values() if type(v) is float))
-    return r if valid else None
-
-
-def read_log_lines(path):
-    """(records, damaged): the records of a log.jsonl and the text of every line that is not one (a torn last line
-    after a kill mid-write, a line damaged by hand or by a disk), set aside, never a reason to drop the others."""
-    records, damaged = [], []
-    try:
-        with open(path, encoding='utf-8', errors='replace') as f:
-            lines = f.readlines()
-    except FileNotFoundError:
-        return [], []
-    except OSError as e:  # e.g. a directory where the file should be
-        return [], [f'(unreadable: {e.strerror})\n']
-    for line in lines:
-        if (record := parse_record(line)) is not None:
-            records.append(record)
-        elif line.strip():
-            damaged.append(line if line.endswith('\n') else line + '\n')
-    return records, damaged
-
-
-def truncate_log(path, iter_num):
-    """Keep every intact line up to the checkpoint's iteration (a resumed run writes the later ones again; -1: none,
-    a new run). Damaged lines go to log.jsonl.damaged, with a warning, never dropped silently. Returns the number of
-    lines kept."""
-    records, damaged = read_log_lines(path)
-    records = [r for r in records if r['iter'] <= iter_num]
-    if damaged:
-        append_lines(path + '.damaged', damaged)
-        print(f"warning: {len(damaged)} damaged line(s) of {path} moved to {path}.damaged.", file=sys.stderr)
-    write_text(path, ''.join(json.dumps(r) + '\n' for r in records))
-    return len(records)
-
-
-def append_log(path, record):
-    """One record as one line of log.jsonl, appended and closed at once (a reader sees every finished line)."""
-    append_lines(path, [json.dumps(record) + '\n'])
-
-
-def append_lines(path, lines):
-    try:
-        with open(path, 'a', encoding='utf-8') as f:
-            f.writelines(lines)
-    except OSError as e:
-        raise write_failed(path, e) from None
-
-
-# ----------------------------------------------------------------------------------------------------------------------
 # the run directory's owner
+
+LOCK = '.lock'  # holds the owner's PID and host
+LOCK_FD_ENV = 'NANOFFN_LOCK_FD'  # compare.py hands the lock it took for a run to the train.py it starts
+HELD = 'held:'  # ... or, to torchrun's workers (it passes no descriptor on), the lock file torchrun holds for them
+
 
 
 def try_lock_run_dir(out_dir):

@@ -1,7 +1,7 @@
 """Weights & Biases, an optional integration: a run's log.jsonl records, sent to wandb too (imported only when on)."""
 import os
 
-from cli import UserError, split_list
+from machinery.cli import UserError, split_list
 
 
 def start(cfg, out_dir):

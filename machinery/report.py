@@ -4,8 +4,9 @@ import math
 import os
 import statistics
 
-import stats
-from rundir import LOG, write_text
+from machinery import stats
+from machinery.files import write_text
+from machinery.run_log import LOG
 
 
 def run_metrics(log, loss_of=lambda r: r['val_loss']):

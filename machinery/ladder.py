@@ -4,11 +4,11 @@ import math
 import os
 import sys
 
-import stats
-from cli import UserError, split_list
 from configurator import meta_model, scale_counts
-from report import fmt, fmt_count, fmt_loss, seed_gaps, time_verdict
-from rundir import write_text
+from machinery import stats
+from machinery.cli import UserError, split_list
+from machinery.files import write_text
+from machinery.report import fmt, fmt_count, fmt_loss, seed_gaps, time_verdict
 
 BOOTSTRAP_MIN_SEEDS = 5  # fewer values have too few distinct resamples for a percentile interval
 EXTRAPOLATE = 10  # the compute multiplier is also given at this many times the largest size's compute

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from cli import UserError
+from machinery.cli import UserError
 
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 # dense tensor-core peaks per GPU, (bf16/fp16, tf32) FLOP/s, from NVIDIA's datasheets (half their "with sparsity"

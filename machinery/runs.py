@@ -10,16 +10,18 @@ import os
 import sys
 from dataclasses import dataclass
 
-import torch
-
-from cli import UserError, split_list, to_argv
-from configurator import DEFAULTS, checkpoint_fault, variant_settings
-from rundir import CKPT, LOG, RECORD, STOPPED, read_json, read_log_lines
+from configurator import DEFAULTS, variant_settings
+from machinery.checkpoint import CKPT, read_checkpoint, unusable
+from machinery.cli import UserError, split_list, to_argv
+from machinery.files import read_json
+from machinery.run_log import LOG, STOPPED, read_log_lines
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
 # where a run lives, how it starts, whether it is compiled (the same losses within float rounding) and the FLOP/s its
 # MFU is measured against: not what it is
 NOT_IDENTITY = ('out_dir', 'data_dir', 'init_from', 'overwrite', 'compile', 'compile_mode', 'peak_flops')
+RECORD = 'compare.json'  # compare.py's record of a run it started or planned: its settings, before any checkpoint
+TRAIN_OUT = 'train.out'  # the output of every try compare.py started, each after its `$ command` line
 FINISHED = ('done', 'stopped')  # states that are results: reused, never trained again
 _count = lambda v: type(v) is int and 1 <= v < 2**63
 RECORD_FIELDS = {'settings': lambda v: isinstance(v, dict), 'processes': _count, 'at_once': _count}  # compare.json
@@ -89,25 +91,15 @@ class Run:
         return f"{self.dir} was trained with other settings: {shown}"
 
 
-def read_checkpoint(d):
-    """run directory d's ckpt.pt by memory map (nothing but its plain fields is read unless used), checked as train.py
-    writes it; None if there is none or it cannot be read at all (the run's train.py then says so)."""
-    path = os.path.join(d, CKPT)
-    try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
-    except Exception:
-        return None
-    if fault := checkpoint_fault(ckpt):
-        raise UserError(f"cannot use the checkpoint {path}: {fault}, so it is not a train.py checkpoint or it is "
-                        f"damaged; delete the run's directory {d} to train it again, or use another --out_dir.")
-    return ckpt
-
-
 def scan(spec):
     """The Run of spec: its directory's log, checkpoint and compare.json, each read once, and the state they give."""
     d, wanted = spec['dir'], identity(spec['settings'], spec['processes'])
     records, damaged = read_log_lines(os.path.join(d, LOG))
-    ckpt, record = read_checkpoint(d), read_json(os.path.join(d, RECORD)) or {}
+    ckpt, fault = read_checkpoint(os.path.join(d, CKPT), mmap=True)  # its tensors stay on disk
+    if fault:
+        raise unusable(os.path.join(d, CKPT), fault, f"delete the run's directory {d} to train it again, or use "
+                                                    f"another --out_dir")
+    record = read_json(os.path.join(d, RECORD)) or {}
     if bad := next((k for k, valid in RECORD_FIELDS.items() if k in record and not valid(record[k])), None):
         raise UserError(f"{os.path.join(d, RECORD)} is not a record compare.py writes (its {bad} is "
                         f"{str(record[bad])[:40]}); delete that file, or the run's directory to train it again.")

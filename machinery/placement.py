@@ -15,7 +15,7 @@ import os
 import shlex
 import sys
 
-from cli import UserError
+from machinery.cli import UserError
 
 
 def visible_gpus():

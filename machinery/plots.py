@@ -1,7 +1,7 @@
 """The pictures of a comparison, drawn from its summary: loss.png, lr.png, ladder.png (acts.png: inspect_run.py)."""
 import numpy as np
 
-from rundir import save_figure
+from machinery.files import save_figure
 
 
 def figure(figsize, ncols, n):
