@@ -23,9 +23,8 @@ import sys
 import time
 
 import configurator
-import inspect_run
 from configurator import TYPES, check, check_variants, memory_needs, meta_model, scale_counts, variant_settings
-from machinery import ladder, placement, plots, report, stats
+from machinery import acts, ladder, placement, plots, report, stats
 from machinery.cli import RunStopped, UserError, parse_args, raise_terminated, run_cli, split_list
 from machinery.device import compile_cache_dir, resolve_device, resolve_dtype
 from machinery.files import HELD, LOCK, LOCK_FD_ENV, check_writable, ctrl_c_held, try_lock_run_dir, write_json
@@ -457,7 +456,7 @@ def write_report(cfg, comp, runs, fresh):
         # what each variant's activation became (its first seed, at its best rate): acts.png, and how far it moved
         by_dir = {r.dir: r for r in runs + fresh}
         first_seed = {v: by_dir[s['runs'][0]['dir']] for v, s in summary['variants'].items()}
-        summary['acts'] = inspect_run.compare_acts(cfg['out_dir'], first_seed, cfg['data_dir'])
+        summary['acts'] = acts.compare_acts(cfg['out_dir'], first_seed, cfg['data_dir'])
         write_json(os.path.join(cfg['out_dir'], 'summary.json'), summary)
         report.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), summary)
     print('\n' + report.table(summary))

@@ -1,15 +1,28 @@
-"""The pictures of a comparison, drawn from its summary: loss.png, lr.png, ladder.png (acts.png: inspect_run.py)."""
+"""The pictures of a comparison, drawn from its summary: loss.png, lr.png, ladder.png (acts.png: acts.py); and the
+figure and colours every picture is drawn with."""
+import textwrap
+
 import numpy as np
 
 from machinery.files import save_figure
 
 
-def figure(figsize, ncols, n):
-    """A figure (made off pyplot: nothing to close) with a row of ncols axes, and a colour for each of n variants."""
-    import matplotlib.figure
-    fig = matplotlib.figure.Figure(figsize=figsize, dpi=110, layout='tight')
-    colors = matplotlib.colormaps['tab10' if n <= 10 else 'tab20'].colors  # cycled past 20
-    return fig, fig.subplots(1, ncols), [colors[i % len(colors)] for i in range(n)]
+def figure(nrows, ncols, width, row_height, title='', **kw):
+    """A figure (made off pyplot: nothing to close) of nrows x ncols axes (always a 2-D array) under the title,
+    wrapped to its width."""
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(width, row_height * nrows + 0.6 * bool(title)), dpi=100, layout='constrained')
+    if title:
+        fig.suptitle(textwrap.fill(title, int(width * 12)), fontsize=10)
+    return fig, fig.subplots(nrows, ncols, squeeze=False, **kw)
+
+
+def palette(n):
+    """n colours told apart: tab10's (up to 10), tab20's (up to 20), else n spaced evenly along turbo."""
+    from matplotlib import colormaps
+    if n > 20:
+        return [colormaps['turbo'](j / (n - 1)) for j in range(n)]
+    return [colormaps['tab10' if n <= 10 else 'tab20'](j) for j in range(n)]
 
 
 def ema(values, beta):
@@ -36,8 +49,8 @@ def mean_band(ax, x, curves, color, **kw):
 
 def loss(path, summary, by_variant, smooth):
     """Validation loss against tokens and against training time, and the smoothed training loss."""
-    fig, axes, colors = figure((17, 5), 3, len(by_variant))
-    for c, (v, ms) in zip(colors, by_variant.items()):
+    fig, (axes,) = figure(1, 3, 17, 5)
+    for c, (v, ms) in zip(palette(len(by_variant)), by_variant.items()):
         done = [m for m in ms if m['curve']['val']]
         if not done:
             continue
@@ -71,8 +84,8 @@ def ladder(path, lad):
     """Final loss against N and against training FLOPs, the gap to the baseline against N, the best rate per size."""
     from matplotlib.ticker import FormatStrFormatter, NullFormatter
     sweep = any(p['best_lr'] for lv in lad['variants'].values() for p in lv['points'])
-    fig, axes, colors = figure((22, 5) if sweep else (17, 5), 4 if sweep else 3, len(lad['variants']))
-    for i, (c, (v, lv)) in enumerate(zip(colors, lad['variants'].items())):
+    fig, (axes,) = figure(1, 4 if sweep else 3, 22 if sweep else 17, 5)
+    for i, (c, (v, lv)) in enumerate(zip(palette(len(lad['variants'])), lad['variants'].items())):
         pts = [p for p in lv['points'] if p['final_val_loss']]
         if not pts:
             continue
@@ -112,8 +125,8 @@ def ladder(path, lad):
 
 def lr(path, summary):
     """A learning-rate sweep: each variant's final validation loss (mean over seeds, min-max band) against the rate."""
-    fig, ax, colors = figure((8, 5), 1, len(summary['lr']))
-    for c, (v, x) in zip(colors, summary['lr'].items()):
+    fig, ((ax,),) = figure(1, 1, 8, 5)
+    for c, (v, x) in zip(palette(len(summary['lr'])), summary['lr'].items()):
         pts = [(r, x['report'][repr(r)]) for r in x['rates'] if x['report'][repr(r)]]
         if not pts:
             continue

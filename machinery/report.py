@@ -305,7 +305,7 @@ def learned_section(summary):
 
 
 def acts_section(summary):
-    """acts.png, and per learnable variant and layer how far the function moved from its init (inspect_run.py)."""
+    """acts.png, and per learnable variant and layer how far the function moved from its init (acts.py)."""
     acts = {v: a for v, a in (summary.get('acts') or {}).items() if a is not None}
     if not acts:
         return []

@@ -22,7 +22,7 @@ from test_docs import readme_variant_problems  # noqa: E402
 from test_hostile import TINY  # noqa: E402
 import activations as A  # noqa: E402
 import compare  # noqa: E402
-import inspect_run  # noqa: E402
+from machinery import acts  # noqa: E402
 import test_activations as T  # noqa: E402
 import test_model  # noqa: E402
 import train  # noqa: E402
@@ -211,8 +211,8 @@ def test_the_guides_commands_train_and_report_the_new_activations(added, shakesp
     test's registry): the new variants and LA with the new entry train; what they learned is in the log, the summary
     and the pictures, compare's acts.png naming the new entry among LA's dictionary weights."""
     (command,) = [l for l in GUIDE.split("\n") if l.startswith("python compare.py ")]
-    out, figures, save = str(tmp_path / 'cmp'), {}, inspect_run.save_figure
-    monkeypatch.setattr(inspect_run, 'save_figure', lambda fig, path: (figures.update({path: fig}), save(fig, path)))
+    out, figures, save = str(tmp_path / 'cmp'), {}, acts.save_figure
+    monkeypatch.setattr(acts, 'save_figure', lambda fig, path: (figures.update({path: fig}), save(fig, path)))
     argv = [*shlex.split(command)[2:], f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}',
             '--learning_rate=1e-2', '--max_iters=4', '--eval_interval=2', *TINY]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -234,5 +234,5 @@ def test_the_guides_commands_train_and_report_the_new_activations(added, shakesp
     assert f"act: beta = {betas[-1]:.3f}" in md and 'softplus' in md
     labels = [t.get_text() for ax in figures[os.path.join(out, 'acts.png')].axes for t in ax.get_yticklabels()]
     assert set(act_dict.split(',')) <= set(labels)  # LA's weight of each entry, by name
-    acts = inspect_run.inspect(os.path.join(out, 'swish_beta', 'seed1337'))
-    assert acts['history']['layers'][0]['act']['beta'] == betas and acts['layers'][0]['branches']['act']['learnable']
+    drawn = acts.inspect(os.path.join(out, 'swish_beta', 'seed1337'))
+    assert drawn['history']['layers'][0]['act']['beta'] == betas and drawn['layers'][0]['branches']['act']['learnable']

@@ -22,6 +22,7 @@ sys.path.insert(0, REPO)
 import activations
 import compare
 import inspect_run
+from machinery.acts import inspect
 import train
 from data.loader import DataLoader
 from machinery.checkpoint import save_checkpoint
@@ -149,7 +150,7 @@ def untrained_run(run_dir, data_dir, **model_args):
 @pytest.mark.parametrize('model_args', [dict(ffn='la', la_init='mean'), dict(ffn='polynorm'), dict(ffn='moa_glu'),
                                         dict(ffn='xielu'), dict(ffn='moa', n_expert=4, top_k=2)])
 def test_moved_is_zero_at_init(shakespeare_char_dir, tmp_path, model_args):
-    report = inspect_run.inspect(untrained_run(str(tmp_path / 'run'), shakespeare_char_dir, **model_args))
+    report = inspect(untrained_run(str(tmp_path / 'run'), shakespeare_char_dir, **model_args))
     for layer in report['layers']:
         for b in layer['branches'].values():
             assert b['moved'] == 0.0 and b['median'] == b['init'] and b['learnable']
@@ -195,7 +196,7 @@ def test_an_activation_the_curves_would_draw_wrong_is_refused_in_one_sentence(sh
     assert not os.path.exists(os.path.join(run, 'acts.json'))
     # the same function with its per-token curves is drawn, one curve per token
     drawn = untrained_run(str(tmp_path / 'drawn'), shakespeare_char_dir, ffn='drawn_rowsoftmax')
-    assert all(l['branches']['act']['token_dependent'] for l in inspect_run.inspect(drawn)['layers'])
+    assert all(l['branches']['act']['token_dependent'] for l in inspect(drawn)['layers'])
 
 
 # ----------------------------------------------------------------------------------------------------------------------
