@@ -52,7 +52,6 @@ COMPARE_DEFAULTS = dict(
 )
 DEFAULTS = {**configurator.DEFAULTS, **COMPARE_DEFAULTS, 'out_dir': 'out-compare'}
 DEFAULT_CONFIG = 'config/compare_shakespeare_char.py'  # what `python compare.py` alone runs
-BUNDLED = ('shakespeare_char', 'shakespeare')  # built from the corpus in the repo in seconds, so prepared on demand
 MAX_EXTEND = 3  # --lr_extend tries at most this many rates beyond each edge of the grid
 MAX_GRID = 10  # --lr_grid=K spans learning_rate x 2^-K .. 2^K: past 2^10 either way is a typo, not a sweep
 MAX_SEEDS = 100  # --seeds=K: K runs per variant and rate (a sweep's verdict K more); past 100 a typo, not a plan
@@ -189,24 +188,8 @@ def plan_rounds(cfg, comp):
 
 def check_dataset(cfg):
     """Report a missing dataset now, before any run starts; prepare a bundled one instead of refusing."""
-    from data.loader import DataLoader, DatasetNotPrepared
-    open_loader = lambda: DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],
-                                     data_dir=cfg['data_dir'])
-    try:
-        open_loader()
-    except DatasetNotPrepared:
-        if cfg['dataset'] not in BUNDLED:
-            raise
-        out = os.path.join(cfg['data_dir'], cfg['dataset'])
-        print(f"compare: preparing the bundled dataset {cfg['dataset']} into {out} (once, seconds)", file=sys.stderr)
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', cfg['dataset'], 'prepare.py')
-        p = subprocess.run([sys.executable, script, f'--out_dir={out}'], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
-        if p.returncode != 0:
-            why = (p.stderr.strip().splitlines() or ['no reason given'])[-1]
-            raise UserError(f"could not prepare {cfg['dataset']} into {out} ({why}); point --data_dir at a folder "
-                            f"you can write to.")
-        open_loader()
+    from data.loader import open_loader
+    open_loader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'], cfg['data_dir'])
 
 
 def settings_differ(bad):

@@ -6,6 +6,8 @@
 """
 import hashlib
 import os
+import subprocess
+import sys
 
 import numpy as np
 import torch
@@ -26,8 +28,31 @@ PREPARE_COMMANDS = {
 }
 
 
+BUNDLED = ("shakespeare_char", "shakespeare")  # built from the corpus in the repo in seconds, so prepared on demand
+
+
 class DatasetNotPrepared(UserError):
     """The dataset's shards or meta.json are not there."""
+
+
+def open_loader(dataset, block_size, batch_size, seed, data_dir="data", rank=0, world_size=1, prepare=True):
+    """A DataLoader, preparing a bundled dataset (BUNDLED) first, once, where it is not prepared yet (with prepare:
+    one process of several prepares, the others wait for it); any other dataset that is not prepared is refused, with
+    the command that prepares it."""
+    try:
+        return DataLoader(dataset, block_size, batch_size, seed, rank, world_size, data_dir)
+    except DatasetNotPrepared:
+        if dataset not in BUNDLED or not prepare:
+            raise
+    out = os.path.join(data_dir, dataset)
+    print(f"preparing the bundled dataset {dataset} into {out} (once, seconds)", file=sys.stderr)
+    p = subprocess.run([sys.executable, os.path.join(DATA_DIR, dataset, "prepare.py"), f"--out_dir={out}"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        why = (p.stderr.strip().splitlines() or ["no reason given"])[-1]
+        raise UserError(f"could not prepare {dataset} into {out} ({why}); point --data_dir at a folder you can write "
+                        f"to.")
+    return DataLoader(dataset, block_size, batch_size, seed, rank, world_size, data_dir)
 
 
 class _Split:

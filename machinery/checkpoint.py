@@ -10,10 +10,12 @@ import random
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from configurator import DEFAULTS, MAX_SEED, MODEL_KEYS, STREAM_KEYS, TYPES, min_params, model_config
 from machinery import files
 from machinery.cli import UserError, coerce
+from machinery.run_log import LOG, clear_stopped, truncate_log
 from model import GPT
 
 CKPT = 'ckpt.pt'
@@ -38,9 +40,98 @@ def set_rng_state(state, device_type):
         torch.cuda.set_rng_state(state['cuda'])
 
 
-def save_checkpoint(ckpt, out_dir):
-    with files.ctrl_c_held():  # a checkpoint lands whole: a Ctrl-C waits for it
+def save_checkpoint(r, val_loss):
+    """Write the checkpoint of train.py's run r at its current iteration (CHECKPOINT): its plain model's weights, its
+    optimizer and loss scaler, its settings and counters, and every process's RNG and loader state (the master
+    writes). A Ctrl-C waits for it, and a failed write leaves the previous checkpoint whole (write_checkpoint)."""
+    states = [mine := {'rng': rng_state(r.hw.device_type), 'loader': r.loader.state_dict()}]
+    if r.hw.ddp:
+        states = [None] * r.hw.world_size
+        dist.all_gather_object(states, mine)
+    if r.master:
+        write_checkpoint({
+            'model': model_state(r.raw_model.state_dict()), 'optimizer': r.optimizer.state_dict(),
+            'scaler': r.scaler.state_dict() if r.scaler.is_enabled() else None, 'model_args': r.model_args,
+            'config': r.cfg, 'meta': r.loader.meta,  # meta: the tokenizer, to sample
+            'iter_num': r.iter_num, 'best_val_loss': r.best_val_loss, 'val_loss': val_loss, 'tokens': r.tokens,
+            'train_time': r.train_time, 'world_size': r.hw.world_size,
+            'compiled': r.compiled,  # whether its times are compiled or eager times
+            'rng': [s['rng'] for s in states], 'loader': [s['loader'] for s in states], 'log_lines': r.log_lines,
+        }, r.out_dir)
+    r.saved_iter = r.iter_num
+
+
+def write_checkpoint(ckpt, out_dir):
+    with files.ctrl_c_held():
         files.write_file(os.path.join(out_dir, CKPT), lambda f: _torch_save(ckpt, f), binary=True)
+
+
+def open_for_try(out_dir, saved_iter):
+    """out_dir made ready for a new try of its run (by the process that locked it, once everything the run needs has
+    been checked): the note of an earlier stop and any half-written checkpoint go; a resumed run (saved_iter, its
+    checkpoint's iteration) keeps the log lines up to its checkpoint, a new one starts an empty log and its old
+    checkpoint goes now, so that a resume can never join it to the new log. Returns the log's lines."""
+    clear_stopped(out_dir)
+    for name in os.listdir(out_dir):
+        if name.startswith(f'.{CKPT}.tmp'):  # a save killed mid-write
+            os.remove(os.path.join(out_dir, name))
+    lines = truncate_log(os.path.join(out_dir, LOG), -1 if saved_iter is None else saved_iter)
+    if saved_iter is None and os.path.exists(os.path.join(out_dir, CKPT)):
+        os.remove(os.path.join(out_dir, CKPT))
+    return lines
+
+
+def resumed_settings(cfg, given, ckpt):
+    """A resumed run's settings: the checkpoint's, with only the keys given explicitly on top; its model keys and data
+    stream cannot change."""
+    saved = ckpt['config']
+    for key in MODEL_KEYS + STREAM_KEYS:
+        was = ckpt['model_args'].get(key) if key in MODEL_KEYS else saved.get(key)
+        if key in given and cfg[key] != was and not (key == 'vocab_size' and cfg[key] == 0):
+            raise UserError(f"--{key}={cfg[key]} differs from the checkpoint's {was!r}; a resumed run keeps its "
+                            f"model and data stream, so drop --{key} or train a new run in another out_dir.")
+    resumed = {**DEFAULTS, **{k: v for k, v in saved.items() if k in DEFAULTS}, **{k: cfg[k] for k in given}}
+    return {**resumed, 'init_from': 'resume', 'out_dir': cfg['out_dir']}  # the run may have been moved since
+
+
+def model_args(cfg, meta, ckpt):
+    """The model keys of a run: its checkpoint's, or its settings' with vocab_size 0 as the dataset's (meta)."""
+    if ckpt is not None:
+        vocabulary = lambda m: [m.get(k) for k in ('tokenizer', 'vocab_size', 'itos')]
+        if vocabulary(ckpt['meta']) != vocabulary(meta):
+            raise UserError(f"{cfg['dataset']} has another vocabulary than this run trained on (prepared again?); "
+                            f"resume with the data it trained on, or train a new run in another out_dir.")
+        return dict(ckpt['model_args'])
+    if 0 < cfg['vocab_size'] < meta['vocab_size']:
+        raise UserError(f"--vocab_size={cfg['vocab_size']} is smaller than the dataset's {meta['vocab_size']} tokens; "
+                        f"leave it at 0 to take the dataset's.")
+    return {**{k: cfg[k] for k in MODEL_KEYS}, 'vocab_size': cfg['vocab_size'] or meta['vocab_size']}
+
+
+def restore(ckpt, r):
+    """A resume of train.py's run r from its checkpoint: the optimizer's moments (its settings, weight_decay and betas
+    and the device's fused kernel, are this run's), the loss scaler, the counters, and this process's data stream and
+    RNG, exactly when the run has as many processes as the one that saved it (else the stream continues, re-split,
+    and dropout's RNG does not)."""
+    saved = ckpt['optimizer']
+    built = [{k: v for k, v in g.items() if k != 'params'} for g in r.optimizer.param_groups]
+    if fault := optimizer_fault(saved, r.optimizer):
+        raise unusable(r.ckpt_path, fault)
+    # merged before loading, which places each state by its group's kernel
+    r.optimizer.load_state_dict({**saved, 'param_groups': [{**s, **b} for s, b in zip(saved['param_groups'], built)]})
+    if ckpt.get('scaler'):
+        r.scaler.load_state_dict(ckpt['scaler'])
+    r.iter_num, r.best_val_loss, r.tokens, r.train_time = (ckpt[k] for k in ('iter_num', 'best_val_loss', 'tokens',
+                                                                             'train_time'))
+    r.saved_iter = r.iter_num
+    if ckpt['world_size'] == r.hw.world_size:
+        r.loader.load_state_dict(ckpt['loader'][r.hw.rank])
+        set_rng_state(ckpt['rng'][r.hw.rank], r.hw.device_type)  # after the model's init used the RNG
+    else:
+        r.loader.load_state_dict(ckpt['loader'][0])
+        if r.master:
+            print(f"note: the checkpoint was written by {ckpt['world_size']} process(es), this run has "
+                  f"{r.hw.world_size}; the data stream continues, dropout randomness does not.")
 
 
 def _torch_save(obj, f):

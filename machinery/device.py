@@ -91,6 +91,20 @@ def setup(device, dtype, mps=True):
     return Compute(name, resolve_dtype(dtype, name.split(':')[0]), ddp, rank, local_rank, world_size)
 
 
+def teardown(hw, failed):
+    """Under DDP, leave the process group. After a clean end every rank meets first (one that destroys the group while
+    another is still in a collective aborts the process); after a failure the other ranks may wait in a collective
+    this one never joins, so it leaves at once, and torchrun stops them."""
+    if not hw.ddp:
+        return
+    if not failed:
+        try:
+            dist.barrier()
+        except Exception:  # a peer already gone (it failed; torchrun stops this run anyway)
+            pass
+    dist.destroy_process_group()
+
+
 def autocast(device_type, dtype):
     """Mixed precision for bfloat16/float16 (matmuls in the low precision, reductions in fp32); nothing for float32."""
     return nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=DTYPES[dtype])

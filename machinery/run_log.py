@@ -10,10 +10,14 @@ import os
 import sys
 from contextlib import suppress
 
+import torch
+
+from machinery.cli import RunStopped
 from machinery.files import append_lines, write_text
 
 LOG = 'log.jsonl'
 STOPPED = 'stopped.txt'  # why the run diverged (train.py), its outcome at these settings; a new try removes it
+DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
 
 
 # FIELDS: what each field train.py writes must be to be
@@ -95,3 +99,35 @@ def clear_stopped(out_dir):
     """A new try of a run: the note of how an earlier one stopped goes, so that afterwards it says how this one did."""
     with suppress(FileNotFoundError):
         os.remove(os.path.join(out_dir, STOPPED))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a run that diverged: its outcome at its settings, said in its directory
+
+
+class Diverged(RunStopped):
+    """A loss or the weights became non-finite: the run's outcome at these settings, kept in out_dir/stopped.txt."""
+
+
+def check_finite_losses(losses, iter_num, kept):
+    """Diverged naming the first of a log window's steps (rows of losses, the last completing iter_num) whose loss
+    was not finite; kept: what became of the checkpoint, in words."""
+    if len(bad := (~torch.isfinite(losses)).any(1).nonzero()):
+        k = iter_num - len(losses) + int(bad[0]) + 1  # the iteration that step completed, as in the log
+        raise Diverged(f"the training loss became non-finite ({losses[int(bad[0]), 0].item()}) at iteration {k}, so "
+                       f"the run stopped and {kept}; {DIVERGED_HINT}, then resume or start again.")
+
+
+def check_finite_weights(model, val_loss, iter_num, kept):
+    """Stop before a checkpoint could hold a diverged model. A step's training loss is computed before its update,
+    so it cannot see the update that broke the weights: the weights and the validation loss can."""
+    if not (math.isfinite(val_loss) and all(bool(p.isfinite().all()) for p in model.parameters())):
+        raise Diverged(f"the weights became non-finite at iteration {iter_num} (validation loss {val_loss}), so the run "
+                       f"stopped and {kept}; {DIVERGED_HINT}, then resume or start again.")
+
+
+def note_diverged(out_dir, e):
+    """Why a run diverged, kept in its directory: compare.py counts it as the run's result, never to train again. Any
+    other stop (a failed write) is not noted, so the same command again continues the run."""
+    with suppress(RunStopped):  # a disk too full for the note: the run stops all the same
+        write_text(os.path.join(out_dir, STOPPED), f"{e}\n")

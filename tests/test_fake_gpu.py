@@ -6,7 +6,6 @@ import io
 import json
 import os
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -19,7 +18,6 @@ sys.path.insert(0, REPO)
 import bench  # noqa: E402
 import compare  # noqa: E402
 import configurator  # noqa: E402
-import train  # noqa: E402
 from activations import VARIANTS  # noqa: E402
 from data.shards import write_shard  # noqa: E402
 from machinery import device  # noqa: E402
@@ -214,8 +212,7 @@ def test_ddp_teardown_waits_for_the_other_ranks_only_after_a_clean_end(monkeypat
     calls = []
     monkeypatch.setattr(dist, 'barrier', lambda: calls.append('barrier'))
     monkeypatch.setattr(dist, 'destroy_process_group', lambda: calls.append('destroy'))
-    trainer = types.SimpleNamespace(ddp=True, wandb_run=None, lock=None)
-    train.Trainer.close(trainer, types.SimpleNamespace(close=lambda: None), failed)
+    device.teardown(Compute('cuda:0', 'bfloat16', ddp=True, world_size=2), failed)
     assert calls == (['destroy'] if failed else ['barrier', 'destroy'])
 
 

@@ -151,7 +151,7 @@ CASES = [
     ('unknown key', train, args('--n_layrs=3'), 2, ["'n_layrs'", 'n_layer']),
     ('wrong type', train, args('--n_layer=abc'), 2, ['--n_layer expects an int']),
     ('unknown ffn', train, args('--ffn=swigloo'), 2, ["'swigloo'", *VARIANTS]),
-    ('missing dataset', train, lambda w, tmp: [f'--data_dir={tmp}'], 2, ['prepare.py']),
+    ('missing dataset', train, lambda w, tmp: [f'--data_dir={tmp}', '--dataset=openwebtext'], 2, ['prepare.py']),
     ('resume without checkpoint', train, lambda w, tmp: ['--init_from=resume', f'--out_dir={tmp}'], 2, ['ckpt.pt']),
     ('scratch over an existing run', train, lambda w, tmp: [f'--out_dir={w.run}'], 2, ['init_from=resume', 'overwrite']),
     # settings

@@ -25,7 +25,7 @@ import inspect_run
 from machinery.acts import inspect
 import train
 from data.loader import DataLoader
-from machinery.checkpoint import save_checkpoint
+from machinery.checkpoint import write_checkpoint
 from machinery.cli import run_cli, to_argv
 from model import GPT, GPTConfig
 
@@ -137,7 +137,7 @@ def untrained_run(run_dir, data_dir, **model_args):
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=65, **model_args)
     os.makedirs(run_dir)
     model = GPT(config)
-    save_checkpoint({'model': model.state_dict(), 'model_args': asdict(config), 'iter_num': 0,
+    write_checkpoint({'model': model.state_dict(), 'model_args': asdict(config), 'iter_num': 0,
                      'config': {'dataset': 'shakespeare_char', 'block_size': 32, 'batch_size': 4, 'seed': 1,
                                 'data_dir': data_dir}, 'meta': {'vocab_size': 65},
                      'optimizer': model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu').state_dict(),

@@ -119,9 +119,9 @@ def test_resume_applies_the_given_optimizer_settings(tiny_run, tmp_path, monkeyp
     _, out = tiny_run
     run_dir = str(tmp_path / 'run')
     shutil.copytree(out, run_dir)
-    seen = []
-    monkeypatch.setattr(train_py.Trainer, 'resume', lambda self, ckpt, f=train_py.Trainer.resume: (
-        f(self, ckpt), seen.append([(g['weight_decay'], g['betas']) for g in self.optimizer.param_groups]))[0])
+    seen, restore = [], train_py.ckpt_io.restore
+    monkeypatch.setattr(train_py.ckpt_io, 'restore', lambda ckpt, r: (
+        restore(ckpt, r), seen.append([(g['weight_decay'], g['betas']) for g in r.optimizer.param_groups]))[0])
     train_py.main([f'--out_dir={run_dir}', '--init_from=resume', '--max_iters=5', '--weight_decay=0.5',
                    '--beta1=0.8', '--beta2=0.9'])
     assert seen == [[(0.5, (0.8, 0.9)), (0.0, (0.8, 0.9))]]
@@ -234,7 +234,7 @@ def test_killed_checkpoint_write_keeps_previous(tiny_run, monkeypatch):
 
     monkeypatch.setattr(torch, 'save', dying_save)
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.save_checkpoint({**ckpt, 'iter_num': 999}, out)
+        checkpoint.write_checkpoint({**ckpt, 'iter_num': 999}, out)
     monkeypatch.undo()
     assert open(path, 'rb').read() == before
     assert torch.load(path, weights_only=True)['iter_num'] == 4
@@ -401,50 +401,51 @@ def test_a_log_lines_step_time_counts_the_wait_for_the_device(shakespeare_char_d
     """On a GPU the loop only queues each step's work, and the log line's one sync (window_losses) waits for it to
     run: the step time is read after that wait, so it counts the work. Here the wait is made 0.2 s long."""
     import time
-    window_losses = train_py.Trainer.window_losses
-    monkeypatch.setattr(train_py.Trainer, 'window_losses', lambda self, w: time.sleep(0.2) or window_losses(self, w))
+    window_losses = train_py.window_losses
+    monkeypatch.setattr(train_py, 'window_losses', lambda w, hw: time.sleep(0.2) or window_losses(w, hw))
     out = str(tmp_path / 'run')
     train_here(shakespeare_char_dir, out, '--max_iters=4', '--eval_interval=4', '--log_interval=2')
     steps = [r['ms'] for r in log(out) if 'ms' in r]
     assert len(steps) == 2 and all(ms >= 100 for ms in steps), steps  # 0.2 s over a window of 2 steps
 
 
-def trainer(data_dir, out_dir, *args):
-    cfg, checkpoint = train_py.settings([*TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args])
-    return train_py.Trainer(cfg, checkpoint)
-
-
 def test_evaluation_copies_nothing_to_the_device(shakespeare_char_dir, tmp_path, monkeypatch):
     """The fixed validation windows are placed on the device once, when the run starts, not at every evaluation."""
-    t = trainer(shakespeare_char_dir, str(tmp_path / 'run'), '--eval_iters=3')
-    try:
-        assert len(t.val_batches) == 3 and all(X.device.type == t.device_type for X, _ in t.val_batches)
-        copies, to = [], torch.Tensor.to
-        to_device = lambda a, kw: 'device' in kw or any(isinstance(v, (str, torch.device)) for v in a)
-        monkeypatch.setattr(torch.Tensor, 'to', lambda self, *a, **kw: (copies.append(a) if to_device(a, kw) else None)
-                            or to(self, *a, **kw))
-        t.evaluate()
-        assert copies == []
-    finally:
-        t.lock.close()
+    copies, evaluations, to, evaluate = [], [], torch.Tensor.to, train_py.evaluate
+    to_device = lambda a, kw: 'device' in kw or any(isinstance(v, (str, torch.device)) for v in a)
+    monkeypatch.setattr(torch.Tensor, 'to', lambda self, *a, **kw: (copies.append(a) if to_device(a, kw) else None)
+                        or to(self, *a, **kw))
+
+    def counted(model, batches, *a):
+        copies.clear()
+        result = evaluate(model, batches, *a)
+        evaluations.append((len(batches), list(copies)))
+        return result
+    monkeypatch.setattr(train_py, 'evaluate', counted)
+    train_here(shakespeare_char_dir, str(tmp_path / 'run'), '--eval_iters=3', '--max_iters=2', '--eval_interval=1')
+    assert evaluations == [(3, [])] * 3  # iterations 0, 1 and 2
 
 
 def test_ddp_does_not_broadcast_buffers_nothing_changes(shakespeare_char_dir, tmp_path, monkeypatch):
     """DDP's default re-sends every buffer from rank 0 before each forward; the model's only buffers are RoPE's
     tables, which training never changes."""
     import socket
-    import torch.distributed as dist
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
     for key, value in dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, MASTER_ADDR='127.0.0.1', MASTER_PORT=port).items():
         monkeypatch.setenv(key, str(value))
-    try:
-        t = trainer(shakespeare_char_dir, str(tmp_path / 'run'))
-        t.lock.close()
-        assert isinstance(t.model, torch.nn.parallel.DistributedDataParallel) and t.model.broadcast_buffers is False
-        assert [name for name, _ in t.raw_model.named_buffers()] == ['transformer.h.0.attn.cos',
-                                                                      'transformer.h.0.attn.sin']
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    wrapped, DDP = [], train_py.DDP
+    monkeypatch.setattr(train_py, 'DDP', lambda model, **kw: wrapped.append(DDP(model, **kw)) or wrapped[-1])
+    train_here(shakespeare_char_dir, str(tmp_path / 'run'), '--max_iters=1', '--eval_interval=1')
+    assert wrapped[0].broadcast_buffers is False
+    assert [name for name, _ in wrapped[0].module.named_buffers()] == ['transformer.h.0.attn.cos',
+                                                                        'transformer.h.0.attn.sin']
+
+
+def test_a_bundled_dataset_is_prepared_on_demand(tmp_path, capsys):
+    """A fresh clone has no prepared data: train.py prepares the bundled corpus itself (seconds), as compare.py does."""
+    data, out = tmp_path / 'data', str(tmp_path / 'run')
+    train_here(str(data), out, '--max_iters=1', '--eval_interval=1')
+    assert 'preparing the bundled dataset shakespeare_char' in capsys.readouterr().err
+    assert (data / 'shakespeare_char' / 'meta.json').exists() and log(out)[-1]['iter'] == 1
