@@ -15,7 +15,6 @@ and refuses other settings unless --overwrite=True. Writes summary.md, summary.j
 """
 from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
-import contextlib
 import os
 import signal
 import subprocess
@@ -29,8 +28,8 @@ from machinery.cli import RunStopped, UserError, parse_args, raise_terminated, r
 from machinery.device import compile_cache_dir, resolve_device, resolve_dtype
 from machinery.files import HELD, LOCK, LOCK_FD_ENV, check_writable, ctrl_c_held, try_lock_run_dir, write_json
 from machinery.progress import progress_bar
-from machinery.run_log import LOG, STOPPED, parse_record
-from machinery.runs import FINISHED, RECORD, TRAIN_OUT, command_line, identifies, make_run, scan
+from machinery.run_log import LOG, clear_stopped, parse_record
+from machinery.runs import FINISHED, PLAN, TRAIN_OUT, command_line, identifies, make_run, scan
 
 COMPARE_DEFAULTS = dict(
     variants='gelu,swiglu',  # comma-separated ffn names (see activations.VARIANTS)
@@ -56,9 +55,6 @@ MAX_EXTEND = 3  # --lr_extend tries at most this many rates beyond each edge of 
 MAX_GRID = 10  # --lr_grid=K spans learning_rate x 2^-K .. 2^K: past 2^10 either way is a typo, not a sweep
 MAX_SEEDS = 100  # --seeds=K: K runs per variant and rate (a sweep's verdict K more); past 100 a typo, not a plan
 START = dict(scratch='scratch', resume='resume', mismatch='overwrite', retrain='overwrite')  # a run to do, by state
-# a sweep chooses each variant's rate on the first half of the validation windows (train.py logs both halves,
-# `val_halves`) and reports on the second, which the choice never reads
-SELECT = 0
 # the settings that shape a comparison, shown in its summary whether chosen or left at train.py's defaults
 SHOWN_KEYS = ('dataset', 'n_layer', 'n_head', 'n_embd', 'block_size', 'batch_size', 'gradient_accumulation_steps',
               'max_iters', 'learning_rate', 'schedule', 'warmup_iters', 'min_lr', 'eval_interval', 'eval_iters',
@@ -151,7 +147,7 @@ def best_rates(runs):
     not finish (a diverged one) counts as a failure at its rate."""
     losses = {}
     for r in runs:
-        losses.setdefault(r.variant, {}).setdefault(r.lr, []).append(r.final(lambda e: e['val_halves'][SELECT]))
+        losses.setdefault(r.variant, {}).setdefault(r.lr, []).append(r.final(report.SELECT_HALF))
     return {v: stats.choose_rate(by_lr) for v, by_lr in losses.items()}
 
 
@@ -222,11 +218,9 @@ class Job:
         d = run.dir
         self.log_path, self.out_path = os.path.join(d, LOG), os.path.join(d, TRAIN_OUT)
         self.resumed_from = run.checkpoint['iter_num'] if run.state == 'resume' else None
-        # an earlier try's note of a divergence goes: after this try, stopped.txt says how this one ended
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(d, STOPPED))
+        clear_stopped(d)  # even if this try fails before train.py opens the directory
         # at_once: the runs trained side by side, which this run's tok/s and times depend on
-        write_json(os.path.join(d, RECORD), dict(settings=run.settings, processes=run.processes, at_once=at_once))
+        write_json(os.path.join(d, PLAN), dict(settings=run.settings, processes=run.processes, at_once=at_once))
         cmd = command_line(run.spec, START[run.state])
         env = dict(os.environ, PYTHONUNBUFFERED='1', TORCHINDUCTOR_CACHE_DIR=compile_cache_dir(),
                    **placement.gpu_env(gpus), **placement.thread_env(threads))
@@ -362,9 +356,9 @@ def train_missing(cfg, comp, runs):
         if not todo:  # nothing to do at this step: the next one may have some
             return runs
         for run in todo:  # each listed run's settings recorded: one that stops before its first checkpoint is known
-            if run.state != 'mismatch':  # a mismatch's record still says what its directory holds
+            if run.state != 'mismatch':  # a mismatch's plan still says what its directory holds
                 check_writable(run.dir, create=True)
-                write_json(os.path.join(run.dir, RECORD), dict(settings=run.settings, processes=run.processes))
+                write_json(os.path.join(run.dir, PLAN), dict(settings=run.settings, processes=run.processes))
         placement.print_plan([command_line(r.spec, START[r.state]) for r in todo], len(runs), cfg['threads'],
                            plan_rounds(cfg, comp))
         return None

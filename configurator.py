@@ -95,6 +95,11 @@ def variant_settings(label):
     return {'ffn': name, **{k: cfg[k] for k in given}}
 
 
+def at_rate(settings, lr):
+    """The learning-rate settings of a run at peak rate lr instead of settings' own: min_lr keeps its ratio to it."""
+    return {'learning_rate': lr, 'min_lr': settings['min_lr'] * lr / settings['learning_rate']}
+
+
 def model_config(settings):
     """The GPTConfig of a run's settings (a dict with every model key), or the UserError of its first bad value."""
     try:

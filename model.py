@@ -305,7 +305,7 @@ class GPT(nn.Module):
                     torch.nn.init.normal_(w, mean=0.0, std=0.02)
 
     def forward(self, idx, targets=None):
-        """(logits, loss, parts): parts are the loss's detached pieces that the log shows, {'ce', 'aux', 'z'}: the
+        """(logits, loss, terms): terms are the loss's detached terms that the log shows, {'ce', 'aux', 'z'}: the
         cross-entropy and the MoE's load-balance and z-losses (0 in a dense GPT). Without targets: the last position's
         logits, None, None."""
         B, T = idx.shape

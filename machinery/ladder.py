@@ -4,7 +4,7 @@ import math
 import os
 import sys
 
-from configurator import meta_model, scale_counts
+from configurator import at_rate, meta_model, scale_counts
 from machinery import stats
 from machinery.cli import UserError, split_list
 from machinery.files import write_text
@@ -82,7 +82,7 @@ def size_settings(cfg):
                      lr_decay_iters=round(cfg['lr_decay_iters'] * f), eval_interval=max(1, round(cfg['eval_interval'] * f)))
         if cfg['lr_rule'] == 'width':
             f = all_sizes[0]['n_embd'] / size['n_embd']
-            s.update(learning_rate=cfg['learning_rate'] * f, min_lr=cfg['min_lr'] * f)
+            s.update(at_rate(cfg, cfg['learning_rate'] * f))
             if cfg['lrs']:  # the listed rates scale with the learning_rate they must contain
                 s['lrs'] = ','.join(repr(float(r) * f) for r in split_list(cfg['lrs']))
         print(f"compare: size {size['name']} (n_head {size['n_head']}, N = {n_params:,} non-embedding parameters, "
@@ -197,8 +197,8 @@ def write_markdown(path, lad):
                   for v, lv in lad['variants'].items()]
     lines += ['', f'## Gap to {base} and its trend with size', '',
               f"Gap Δ = L_variant − L_{base}, paired over seeds: mean [95% t interval]. Trend: the least-squares slope "
-              f"of every seed's Δ against ln N [95% CI]: 'grows' (the variant loses ground to {base} as models grow), "
-              f"'shrinks' (it gains), or 'flat within noise'. {BOOTSTRAP_MIN_SEEDS}+ seeds: summary.json adds a "
+              f"of every seed's Δ against ln N [95% CI]: 'rises' (the variant loses ground to {base} as models grow), "
+              f"'falls' (it gains), or 'flat within noise'. {BOOTSTRAP_MIN_SEEDS}+ seeds: summary.json adds a "
               f"bootstrap CI.", '', head + ' trend: slope per ln N [95% CI] |', rule + ':---|']
     gap = lambda g: '–' if g is None else fmt(g['mean'], '+.4f', ci=g.get('ci')) + ('' if g.get('ci') else ' (no CI)')
     trend = lambda t: '– (needs 2 sizes, 3 gaps)' if t is None else (

@@ -63,7 +63,7 @@ def summarize(head, runs, shapes, loss_of=lambda r: r['val_loss']):
         by_variant.setdefault(run.variant, []).append(m)
     # the times depend on whether the runs were compiled and how many trained side by side
     compiled = {(r.checkpoint or {}).get('compiled') for r in runs} - {None}  # None: no checkpoint to say
-    at_once = {r.record.get('at_once') for r in runs}
+    at_once = {r.plan.get('at_once') for r in runs}
     out = {'baseline': baseline, 'seeds': head['seeds'], 'dataset': head['dataset'],
            'compiled': 'mixed' if len(compiled) > 1 else 'on' if compiled == {True} else 'off',
            'at_once': at_once.pop() if len(at_once) == 1 else 'mixed', 'settings': head['settings'],
@@ -133,9 +133,10 @@ def matched(runs, base_runs, scale, base_scale):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# a learning-rate sweep (compare.py --lrs or --lr_grid): each variant's rate is chosen by compare.py on the sweep's
-# seeds and the first half of the validation windows; this report reads only the second half, and measures the
-# verdict at the chosen rates on fresh seeds
+# a learning-rate sweep (compare.py --lrs or --lr_grid): each variant's rate is chosen on the sweep's seeds and the
+# first half of the validation windows (train.py logs both halves, `val_halves`); its report reads only the second
+# half, which the choice never reads, and measures the verdict at the chosen rates on fresh seeds
+SELECT_HALF = lambda r: r['val_halves'][0]
 REPORT_HALF = lambda r: r['val_halves'][1]
 
 

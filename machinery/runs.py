@@ -10,7 +10,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from configurator import DEFAULTS, variant_settings
+from configurator import DEFAULTS, at_rate, variant_settings
 from machinery.checkpoint import CKPT, read_checkpoint, unusable
 from machinery.cli import UserError, split_list, to_argv
 from machinery.files import read_json
@@ -20,11 +20,11 @@ TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
 # where a run lives, how it starts, whether it is compiled (the same losses within float rounding) and the FLOP/s its
 # MFU is measured against: not what it is
 NOT_IDENTITY = ('out_dir', 'data_dir', 'init_from', 'overwrite', 'compile', 'compile_mode', 'peak_flops')
-RECORD = 'compare.json'  # compare.py's record of a run it started or planned: its settings, before any checkpoint
+PLAN = 'compare.json'  # compare.py's plan of a run it started or listed: its settings, before any checkpoint
 TRAIN_OUT = 'train.out'  # the output of every try compare.py started, each after its `$ command` line
 FINISHED = ('done', 'stopped')  # states that are results: reused, never trained again
 _count = lambda v: type(v) is int and 1 <= v < 2**63
-RECORD_FIELDS = {'settings': lambda v: isinstance(v, dict), 'processes': _count, 'at_once': _count}  # compare.json
+PLAN_FIELDS = {'settings': lambda v: isinstance(v, dict), 'processes': _count, 'at_once': _count}  # compare.json
 
 
 def identifies(key):
@@ -39,14 +39,14 @@ def identity(settings, processes):
 
 def make_run(cfg, variant, seed, lr=None):
     """The spec of one run of a comparison: cfg's settings with this variant (and the settings it carries), seed and
-    (in a sweep) rate; min_lr keeps its ratio to the rate. With --wandb_log, the comparison's runs share a group and are named and tagged by variant
-    and seed."""
+    its own rate (None: the shared learning_rate). With --wandb_log, the comparison's runs share a group and are named
+    and tagged by variant and seed."""
     rate = [f'lr{lr:.3g}'] if lr is not None else []
     settings = {k: cfg[k] for k in DEFAULTS}
     settings.update(**variant_settings(variant), seed=seed,
                     out_dir=os.path.join(cfg['out_dir'], variant, *rate, f'seed{seed}'))
     if lr is not None:
-        settings.update(learning_rate=lr, min_lr=cfg['min_lr'] * lr / cfg['learning_rate'])
+        settings.update(at_rate(cfg, lr))
     if cfg['wandb_log']:
         wandb_name = '-'.join([variant, f'seed{seed}', *rate])
         settings.update(wandb_group=cfg['wandb_group'] or os.path.basename(os.path.abspath(cfg['out_dir'])),
@@ -68,7 +68,7 @@ class Run:
     records: list  # log.jsonl's records
     damaged: list  # log.jsonl's lines that are not records, set aside
     checkpoint: dict | None  # ckpt.pt, memory-mapped (its tensors are read only if used), None if none is readable
-    record: dict  # compare.json, {} if none
+    plan: dict  # compare.json, {} if none
     found: dict | None  # the identity the directory holds, None if it holds none
 
     variant = property(lambda self: self.spec['variant'])
@@ -99,15 +99,15 @@ def scan(spec):
     if fault:
         raise unusable(os.path.join(d, CKPT), fault, f"delete the run's directory {d} to train it again, or use "
                                                     f"another --out_dir")
-    record = read_json(os.path.join(d, RECORD)) or {}
-    if bad := next((k for k, valid in RECORD_FIELDS.items() if k in record and not valid(record[k])), None):
-        raise UserError(f"{os.path.join(d, RECORD)} is not a record compare.py writes (its {bad} is "
-                        f"{str(record[bad])[:40]}); delete that file, or the run's directory to train it again.")
+    plan = read_json(os.path.join(d, PLAN)) or {}
+    if bad := next((k for k, valid in PLAN_FIELDS.items() if k in plan and not valid(plan[k])), None):
+        raise UserError(f"{os.path.join(d, PLAN)} is not a plan compare.py writes (its {bad} is "
+                        f"{str(plan[bad])[:40]}); delete that file, or the run's directory to train it again.")
     config = (ckpt or {}).get('config')
     if isinstance(config, dict):
         found = identity(config, ckpt.get('world_size') or 1)
-    elif isinstance(record.get('settings'), dict) and records:  # before its first checkpoint, once it logged
-        found = identity(record['settings'], record.get('processes', 1))
+    elif isinstance(plan.get('settings'), dict) and records:  # before its first checkpoint, once it logged
+        found = identity(plan['settings'], plan.get('processes', 1))
     else:
         found = None
     saved = (ckpt or {}).get('iter_num')
@@ -121,7 +121,7 @@ def scan(spec):
         state = 'scratch'
     else:
         state = 'resume' if any(r['iter'] == saved and 'val_loss' in r for r in records) else 'retrain'
-    return Run(spec, state, records, damaged, ckpt, record, found)
+    return Run(spec, state, records, damaged, ckpt, plan, found)
 
 
 def command_line(spec, mode):

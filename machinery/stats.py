@@ -47,7 +47,7 @@ def bootstrap_ci(values, confidence=CONFIDENCE, n_resamples=2000, seed=0):
 def gap_trend(log_n, gaps, confidence=CONFIDENCE):
     """The trend of a gap Δ with size: the least-squares line Δ = a + b·ln N through every seed's point (ln N_j, Δ_ij)
     (scipy.stats.linregress), so the slope's CI b ± t_{(1+c)/2, m−2}·SE(b), m points, comes from the seeds' spread.
-    'grows' when the whole CI is above 0 (Δ rises with N), 'shrinks' when below, else 'flat within noise'. Needs 2
+    'rises' when the whole CI is above 0 (Δ rises with N), 'falls' when below, else 'flat within noise'. Needs 2
     sizes and 3 points; else None."""
     pts = [(float(x), float(g)) for x, g in zip(log_n, gaps) if g is not None and math.isfinite(g)]
     if len({x for x, _ in pts}) < 2 or len(pts) < 3:
@@ -55,7 +55,7 @@ def gap_trend(log_n, gaps, confidence=CONFIDENCE):
     fit = stats.linregress(*np.array(pts).T)
     half = t_quantile(len(pts) - 2, confidence) * fit.stderr
     lo, hi = fit.slope - half, fit.slope + half
-    verdict = 'grows' if lo > 0 else 'shrinks' if hi < 0 else 'flat within noise'
+    verdict = 'rises' if lo > 0 else 'falls' if hi < 0 else 'flat within noise'
     return {'slope_per_ln_n': float(fit.slope), 'ci': [float(lo), float(hi)], 'stderr': float(fit.stderr),
             'points': len(pts), 'verdict': verdict}
 

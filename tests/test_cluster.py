@@ -22,7 +22,7 @@ from configurator import DEFAULTS, TYPES  # noqa: E402
 from machinery import placement, progress, runs  # noqa: E402
 from machinery.cli import UserError, run_cli  # noqa: E402
 from machinery.files import read_json  # noqa: E402
-from machinery.runs import RECORD
+from machinery.runs import PLAN
 
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
         '--lr_decay_iters=4', '--warmup_iters=1', '--eval_interval=2', '--eval_iters=2', '--log_interval=1',
@@ -145,14 +145,14 @@ def test_train_all_keeps_two_runs_per_gpu(four_gpus, tmp_path, monkeypatch):
     planned = [runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path)), 'gelu', s) for s in range(12)]
     compare.train_all([runs.scan(r) for r in planned], placement.placement(8, four_gpus, 1), 0, False,
                       progress.PlainProgress(12, 'runs'))
-    records = [read_json(os.path.join(r['dir'], RECORD)) for r in planned]
+    records = [read_json(os.path.join(r['dir'], PLAN)) for r in planned]
     assert len(started) == 12 and all(rec['at_once'] == 8 for rec in records)
     assert max(p.load for p in started) == 2
     assert collections.Counter(p.gpu for p in started[:8]) == {g: 2 for g in four_gpus}
     # one run left to train has 8 slots to itself: it trains alone, and its record says so (its tok/s depend on it)
     compare.train_all([runs.scan(runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path / 'one')), 'gelu', 0))],
                       placement.placement(8, four_gpus, 1), 0, False, progress.PlainProgress(1, 'runs'))
-    assert read_json(os.path.join(tmp_path, 'one', 'gelu', 'seed0', RECORD))['at_once'] == 1
+    assert read_json(os.path.join(tmp_path, 'one', 'gelu', 'seed0', PLAN))['at_once'] == 1
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -263,7 +263,7 @@ def test_only_a_diverged_run_is_an_outcome(tmp_path):
     with pytest.raises(RunStopped, match='No space left'):
         job.finish()
     assert scan_state(spec) == 'scratch'
-    record = os.path.join(spec['dir'], runs.RECORD)
+    record = os.path.join(spec['dir'], runs.PLAN)
     files.write_json(record, {'settings': {**spec['settings'], 'n_embd': 64}, 'processes': 1})
     assert scan_state(spec) == 'scratch'  # not 'mismatch': nothing was trained with those settings
     run_log.append_log(job.log_path, {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
@@ -454,7 +454,7 @@ def test_a_record_of_the_wrong_shape_is_refused_naming_its_field(tmp_path, field
     files.write_json(os.path.join(spec['dir'], 'compare.json'), {'settings': spec['settings'], 'processes': 1,
                                                                   field: value})
     code, err = call(compare.main, argv + ['--report'], capsys)
-    assert code == 2 and f"compare.json is not a record compare.py writes (its {field} is" in err
+    assert code == 2 and f"compare.json is not a plan compare.py writes (its {field} is" in err
     assert 'Traceback' not in err and len(err.strip().splitlines()) == 1
 
 

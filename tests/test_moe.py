@@ -155,18 +155,18 @@ def test_tiny_moe_gpt_overfits_one_batch():
     opt = model.configure_optimizers(0.0, 3e-3, (0.9, 0.95), "cpu")
     initial = None
     for step in range(300):
-        _, loss, parts = model(x, y)
-        initial = initial or parts["ce"].item()
-        if parts["ce"].item() < 0.2 * initial:
+        _, loss, terms = model(x, y)
+        initial = initial or terms["ce"].item()
+        if terms["ce"].item() < 0.2 * initial:
             break
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert parts["ce"].item() < 0.2 * initial
+    assert terms["ce"].item() < 0.2 * initial
 
 
-def test_forward_returns_the_loss_and_its_parts():
-    """GPT.forward gives (logits, loss, parts): parts are the logits' cross-entropy and the sums of the MoE layers' own
+def test_forward_returns_the_loss_and_its_terms():
+    """GPT.forward gives (logits, loss, terms): terms are the logits' cross-entropy and the sums of the MoE layers' own
     losses, detached; training's loss is their sum and evaluation's the cross-entropy alone."""
     torch.manual_seed(0)
     x, y, vocab = corpus_batch(4, 32)
@@ -174,15 +174,15 @@ def test_forward_returns_the_loss_and_its_parts():
     layer_aux = []  # each MoE layer's [load balance, z-loss], caught by this test's own hooks
     for block in model.transformer.h:
         block.ffn.register_forward_hook(lambda module, args, out: layer_aux.append(out[1]))
-    logits, loss, parts = model(x, y)
-    assert sorted(parts) == ["aux", "ce", "z"] and not any(p.requires_grad for p in parts.values())
-    assert torch.equal(parts["ce"], F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1)))
+    logits, loss, terms = model(x, y)
+    assert sorted(terms) == ["aux", "ce", "z"] and not any(p.requires_grad for p in terms.values())
+    assert torch.equal(terms["ce"], F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1)))
     aux = sum(layer_aux)
-    assert len(layer_aux) == 2 and aux.min() > 0 and torch.equal(torch.stack([parts["aux"], parts["z"]]), aux)
-    torch.testing.assert_close(loss.detach(), parts["ce"] + parts["aux"] + parts["z"])
+    assert len(layer_aux) == 2 and aux.min() > 0 and torch.equal(torch.stack([terms["aux"], terms["z"]]), aux)
+    torch.testing.assert_close(loss.detach(), terms["ce"] + terms["aux"] + terms["z"])
     model.eval()
-    _, loss, parts = model(x, y)
-    assert torch.equal(loss, parts["ce"]) and model(x)[1:] == (None, None)
+    _, loss, terms = model(x, y)
+    assert torch.equal(loss, terms["ce"]) and model(x)[1:] == (None, None)
 
 
 @pytest.mark.slow

@@ -42,7 +42,7 @@ def test_gap_trend_recovers_a_known_slope_with_a_covering_ci():
     gaps = 0.05 + slope * log_n + rng.normal(0, 0.005, len(log_n))
     t = stats.gap_trend(log_n, gaps)
     assert t['ci'][0] < slope < t['ci'][1]
-    assert t['verdict'] == 'shrinks' and t['points'] == 12
+    assert t['verdict'] == 'falls' and t['points'] == 12
     # the same by hand: OLS slope and its standard error, t quantile with m - 2 = 10 degrees of freedom (2.2281)
     x, y = log_n - log_n.mean(), gaps
     b = (x * (y - y.mean())).sum() / (x ** 2).sum()
@@ -56,7 +56,7 @@ def test_gap_trend_without_a_slope_is_flat_within_noise():
     rng = np.random.default_rng(2)
     log_n = np.repeat(np.log([1e4, 1e5, 1e6]), 2)
     assert stats.gap_trend(log_n, -0.03 + rng.normal(0, 0.01, 6))['verdict'] == 'flat within noise'
-    assert stats.gap_trend(log_n, 0.1 * log_n)['verdict'] == 'grows'  # an exact line: zero-width CI above 0
+    assert stats.gap_trend(log_n, 0.1 * log_n)['verdict'] == 'rises'  # an exact line: zero-width CI above 0
     assert stats.gap_trend([1.0, 1.0, 1.0], [0.1, 0.2, 0.3]) is None  # one size: no trend
 
 

@@ -41,7 +41,7 @@ def settings(out, *extra):
 def finish(run, select, report_half):
     """Make `run` look finished, as train.py leaves it: its record and a log whose last evaluation has these halves."""
     os.makedirs(run['dir'], exist_ok=True)
-    with open(os.path.join(run['dir'], runs.RECORD), 'w') as f:
+    with open(os.path.join(run['dir'], runs.PLAN), 'w') as f:
         json.dump({'settings': run['settings'], 'processes': 1}, f)
     last = {'iter': run['settings']['max_iters'], 'tokens': 512, 'loss': 3.0, 'ms': 1.0, 'tok_s': 1e5,
             'val_loss': (select + report_half) / 2, 'val_halves': [select, report_half], 'val_hash': 'v',

@@ -173,8 +173,8 @@ def test_checkpoint_contents(tiny_run):
     assert sum(records[2]['val_halves']) / 2 == pytest.approx(records[2]['val_loss'], rel=1e-6)
 
 
-def test_the_log_shows_the_loss_parts_forward_returns(shakespeare_char_dir, tmp_path, monkeypatch):
-    """An MoE run's line holds the mean over its micro-steps of the parts GPT.forward returned: loss (the
+def test_the_log_shows_the_loss_terms_forward_returns(shakespeare_char_dir, tmp_path, monkeypatch):
+    """An MoE run's line holds the mean over its micro-steps of the terms GPT.forward returned: loss (the
     cross-entropy), aux and z, and loss_total their sum."""
     from model import GPT
     returned, forward = [], GPT.forward
@@ -182,7 +182,7 @@ def test_the_log_shows_the_loss_parts_forward_returns(shakespeare_char_dir, tmp_
     out = str(tmp_path / 'run')
     train_here(shakespeare_char_dir, out, '--n_expert=4', '--max_iters=2', '--eval_interval=2',
                '--gradient_accumulation_steps=2')
-    steps = [parts for _, loss, parts in returned if loss is not None and loss.requires_grad]
+    steps = [terms for _, loss, terms in returned if loss is not None and loss.requires_grad]
     assert len(steps) == 4
     for r, micro in zip(log(out)[1:], (steps[:2], steps[2:])):
         mean = {k: sum(p[k] / 2 for p in micro).item() for k in ('ce', 'aux', 'z')}
