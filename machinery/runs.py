@@ -16,7 +16,7 @@ from machinery.cli import UserError, split_list, to_argv
 from machinery.files import read_json
 from machinery.run_log import LOG, STOPPED, read_log_lines
 
-TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
+TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')  # the repo's
 # where a run lives, how it starts, whether it is compiled (the same losses within float rounding) and the FLOP/s its
 # MFU is measured against: not what it is
 NOT_IDENTITY = ('out_dir', 'data_dir', 'init_from', 'overwrite', 'compile', 'compile_mode', 'peak_flops')

@@ -302,7 +302,7 @@ def test_stdout_holds_only_results(planned):
     out, err = planned['out'], planned['local_err']
     assert out.strip().startswith('| variant |') and '| gelu |' in out and '| moa |' in out
     assert '\r' not in out and 'runs' not in out and '%' not in out and 'compare:' not in out
-    assert '\r' not in err and 'runs: 100% 4/4' in err and '(0 to reuse, 4 to train)' in err
+    assert '\r' not in err and 'runs: 100% 4/4' in err and '(0 to reuse, 4 to train, 2 at a time)' in err
     for v in ('gelu', 'moa'):  # train.py's output in a file (its train.out): plain progress lines, no redraws
         text = open(os.path.join(planned['local'], v, 'seed1337', 'train.out')).read()
         assert '\r' not in text and 'train: 100% 4/4' in text and 'iter 4: train loss' in text

@@ -196,7 +196,7 @@ def test_stopped_and_cut_off_runs(compared, shakespeare_char_dir, tmp_path, monk
     argv = args(shakespeare_char_dir, moved)
     monkeypatch.setenv('NANOFFN_NAN_AT', '3')  # train.py's debug hook: iteration 3's loss is NaN
     stdout = run_compare(argv)
-    assert '(3 to reuse, 1 to train)' in stdout and 'STOPPED' in stdout and 'non-finite' in stdout
+    assert '(3 to reuse, 1 to train, 1 at a time)' in stdout and 'STOPPED' in stdout and 'non-finite' in stdout
     summary = json.load(open(os.path.join(moved, 'summary.json')))
     moa = summary['variants']['moa']
     assert moa['status'] == 'stopped' and [r['status'] for r in moa['runs']] == ['done', 'stopped']
@@ -209,7 +209,7 @@ def test_stopped_and_cut_off_runs(compared, shakespeare_char_dir, tmp_path, monk
     # not stop on its own)
     os.remove(os.path.join(part, 'stopped.txt'))
     stdout = run_compare(argv)
-    assert '(3 to reuse, 1 to train)' in stdout and 'resumed from iteration 2' in stdout
+    assert '(3 to reuse, 1 to train, 1 at a time)' in stdout and 'resumed from iteration 2' in stdout
     resumed, full = (read_log(os.path.join(d, 'log.jsonl')) for d in (part, run_dir(out, 'moa', SEEDS[1])))
     keys = ('iter', 'tokens', 'loss', 'val_loss', 'batch_hash', 'val_hash', 'act')
     assert [[r.get(k) for k in keys] for r in resumed] == [[r.get(k) for k in keys] for r in full]
