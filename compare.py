@@ -7,7 +7,7 @@ Run a comparison: train FFN variants side by side on the same batches, N runs at
     python compare.py config/compare_ladder_shakespeare_char.py             # a scaling ladder (--sizes)
     python compare.py --help                                                # every key, as a bare run has it
 
-Each run is a plain train.py run in its own directory (runs.py), read once per invocation. The steps: plan, read the
+Each run is a plain train.py run in its own directory (machinery/runs.py), read once per invocation. The steps: plan, read the
 runs, train what is missing, extend a sweep where a best rate is at an edge, train each variant at its best rate on
 fresh seeds (a sweep's verdict), report. The same command again reuses finished and stopped runs, resumes cut-off ones
 and refuses other settings unless --overwrite=True. Writes summary.md, summary.json, loss.png and acts.png into out_dir

@@ -1,7 +1,7 @@
 """
 Settings: every key a training run takes, with its default and type, and the checks a run's settings pass before
 anything is built or written. The model's keys are the fields of model.GPTConfig; how a command line and config
-files set them is cli.py.
+files set them is machinery/cli.py.
 """
 import dataclasses
 import math

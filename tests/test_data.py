@@ -635,7 +635,7 @@ def test_an_out_dir_that_cannot_take_files_is_one_line_before_any_work(scripts, 
 
 
 def full_disk(monkeypatch):
-    """Every shard write fails part-way with ENOSPC, inside rundir.write_file (whose cleanup is what is tested)."""
+    """Every shard write fails part-way with ENOSPC, inside files.write_file (whose cleanup is what is tested)."""
     real = shards.write_file
 
     def write_file(path, write, binary=False):

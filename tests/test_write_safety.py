@@ -53,7 +53,7 @@ def small_disk(path, size):
 
 
 def fail_writes(monkeypatch, match='', skip=0):
-    """A full disk, patched in: every file rundir writes whose path contains `match` fails at its first write, once
+    """A full disk, patched in: every file files.py writes whose path contains `match` fails at its first write, once
     `skip` of them have been written."""
     real_open, seen = open, []
 
