@@ -15,6 +15,7 @@ and refuses other settings unless --overwrite=True. Writes summary.md, summary.j
 """
 from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
+import math
 import os
 import signal
 import subprocess
@@ -29,10 +30,13 @@ from machinery.device import compile_cache_dir, resolve_device, resolve_dtype
 from machinery.files import HELD, LOCK, LOCK_FD_ENV, check_writable, ctrl_c_held, try_lock_run_dir, write_json
 from machinery.progress import progress_bar
 from machinery.run_log import LOG, clear_stopped, parse_record
-from machinery.runs import FINISHED, PLAN, TRAIN_OUT, command_line, identifies, make_run, scan
+from machinery.runs import FINISHED, PLAN, TRAIN_OUT, command_line, identifies, make_run, scan, tuning_key
 
 COMPARE_DEFAULTS = dict(
-    variants='gelu,swiglu',  # comma-separated ffn names (see activations.VARIANTS)
+    variants='gelu,swiglu',  # comma-separated ffn names (activations.VARIANTS); gelu@8e-3: a variant at its own rate
+    tuned_lrs='',  # each variant's tuned rate (gelu@8e-3,...), taken where --variants gives none and tuned_at holds
+    tuned_at='',  # the settings tuned_lrs were tuned at (a sweep's summary prints both lines); others: untuned
+    tuned_by='',  # the config file of the sweep that tunes them, named to a variant that runs untuned
     seeds=1,  # number of seeds per variant: seed, seed+1, ...
     baseline='',  # the variant the others are compared with; '' = the first of variants
     smooth=0.9,  # EMA factor for the plotted training loss (per log line), 0 = raw
@@ -74,9 +78,54 @@ def settings(argv):
     return cfg
 
 
-def check_comparison(cfg):
-    """The comparison's settings checked, before anything runs: its variants, seeds, baseline and sweep grid."""
-    variants = check_variants(cfg['variants'])
+def at_rates(text, key):
+    """{label: its rate, None where it carries none} of a comma-separated list of variants, each perhaps carrying a
+    learning rate after '@' (gelu@8e-3, polyrelu:poly_order=2@8e-3)."""
+    out = {}
+    for item in split_list(text):
+        label, at, rate = item.rpartition('@')
+        if not at:
+            out[item] = None
+            continue
+        try:
+            out[label] = float(rate)
+        except ValueError:
+            out[label] = math.nan
+        if not 0 < out[label] < math.inf:
+            raise UserError(f"--{key}: '{item}' carries no rate a run can take after '@'; give a number above 0, e.g. "
+                            f"{label}@8e-3.")
+    return out
+
+
+def tuned_rates(cfg, variants, own, overrides):
+    """Each variant's rate without a sweep: its own (gelu@8e-3), else its tuned one (tuned_lrs) where tuned_at is
+    these settings' runs.tuning_key, else None, the shared learning_rate. Returns the rates, and the variants that
+    run untuned with a line saying why and what tunes them (None where none does)."""
+    tuned = at_rates(cfg['tuned_lrs'], 'tuned_lrs')
+    if missing := [v for v, r in tuned.items() if r is None]:
+        raise UserError(f"--tuned_lrs: '{missing[0]}' carries no rate; write each variant as variant@rate, e.g. "
+                        f"{missing[0]}@8e-3.")
+    here = tuning_key(cfg)
+    rates = {v: own[v] or (tuned.get(v) if cfg['tuned_at'] == here else None) for v in variants}
+    untuned = [v for v in variants if rates[v] is None]
+    if not untuned:
+        return rates, None
+    why = ('no tuned rate' if not any(v in tuned for v in untuned) or cfg['tuned_at'] == here else
+           f"rates tuned at other settings (tuned_at {cfg['tuned_at'] or 'empty'}, these settings {here})")
+    own_keys = ('--out_dir', '--plan', '--report', '--lrs', '--lr_grid', '--tuned_')  # the sweep's own, or the tuning
+    sweep = (f"python compare.py {cfg['tuned_by']}" + ''.join(f' {a}' for a in overrides if not a.startswith(own_keys))
+             if cfg['tuned_by'] else
+             "the same command with --lr_grid=2")
+    return rates, (f"{', '.join(untuned)} run{'s' * (len(untuned) == 1)} untuned, at the shared learning_rate "
+                   f"{report.fmt_rate(cfg['learning_rate'])} ({why}); `{sweep}` tunes "
+                   f"{'it' if len(untuned) == 1 else 'them'}.")
+
+
+def check_comparison(cfg, overrides=()):
+    """The comparison's settings checked, before anything runs: its variants and their rates, seeds, baseline and
+    sweep grid. overrides: the --key=value arguments given, which the command that tunes untuned rates repeats."""
+    own = at_rates(cfg['variants'], 'variants')
+    variants = check_variants(','.join(own))
     baseline = cfg['baseline'] or variants[0]
     if baseline not in variants:
         raise UserError(f"--baseline={baseline} is not one of --variants ({','.join(variants)}); add it or pick one of them.")
@@ -95,11 +144,16 @@ def check_comparison(cfg):
         resolve_device(cfg['device'])  # dtype name (bfloat16 support is each run's to check, on its own GPU)
         resolve_dtype(cfg['dtype'], 'cpu')
     grid = learning_rates(cfg)
+    if grid and (given := [v for v, r in own.items() if r is not None]):
+        raise UserError(f"a sweep tries each of its rates for every variant, so {given[0]} cannot carry its own; drop "
+                        f"its @rate, or the sweep (--lrs= empty).")
+    rates, untuned = tuned_rates(cfg, variants, own, overrides) if not grid else (dict.fromkeys(variants), None)
     seeds = [cfg['seed'] + i for i in range(cfg['seeds'])]
     fresh = [seeds[-1] + 1 + i for i in range(cfg['seeds'])] if grid else []  # a sweep's verdict: the seeds after
     for v in variants:
         check({**cfg, **variant_settings(v), 'seed': (fresh or seeds)[-1]})  # what train.py would refuse, said now
-    return dict(variants=variants, seeds=seeds, fresh_seeds=fresh, baseline=baseline, grid=grid)
+    return dict(variants=variants, seeds=seeds, fresh_seeds=fresh, baseline=baseline, grid=grid, rates=rates,
+                untuned=untuned)
 
 
 def learning_rates(cfg):
@@ -138,8 +192,10 @@ def specs(cfg, comp, variants, rates, seeds=None):
 
 
 def grid_runs(cfg, comp):
-    """Every run of the comparison's grid, read from its directory."""
-    return [scan(s) for s in specs(cfg, comp, comp['variants'], comp['grid'] or [None])]
+    """Every run of the comparison's grid (a sweep's, or each variant at its rate), read from its directory."""
+    if comp['grid']:
+        return [scan(s) for s in specs(cfg, comp, comp['variants'], comp['grid'])]
+    return [scan(s) for v in comp['variants'] for s in specs(cfg, comp, [v], [comp['rates'][v]])]
 
 
 def best_rates(runs):
@@ -293,10 +349,10 @@ def last_error_line(path):
     return next((l for l in reversed(lines) if l.startswith(('error:', 'stopped:'))), lines[-1] if lines else '')
 
 
-def train_all(todo, slots, threads, overwrite, pbar):
+def train_all(todo, slots, threads, overwrite, pbar, finished=lambda runs: None):
     """Train the runs of todo, one per slot (its GPUs: placement.placement) at a time; returns them read again. A run
     whose directory another process holds (a second compare.py) is left to it, then reused or resumed, or refused if
-    it trained it with other settings (unless overwrite)."""
+    it trained it with other settings (unless overwrite). finished(runs done so far) is called as each one ends."""
     pending, active, waiting, free, done = list(todo), [], set(), list(range(len(slots))), {}
     try:
         while pending or active:
@@ -329,6 +385,7 @@ def train_all(todo, slots, threads, overwrite, pbar):
                 done[job.run.dir], line = job.finish()
                 pbar.write(line, file=sys.stderr)
                 pbar.update(1)
+                finished(list(done.values()))
             pbar.set_description(', '.join(j.name for j in active) or 'runs')
             pbar.set_postfix_str('iter ' + ', '.join(j.progress() for j in active) if active else '')
     except BaseException as e:  # a failure or Ctrl-C: stop the other runs cleanly (they resume next time)
@@ -336,6 +393,35 @@ def train_all(todo, slots, threads, overwrite, pbar):
             job.interrupt(signalled=isinstance(e, KeyboardInterrupt))
         raise
     return [done[r.dir] for r in todo]
+
+
+class Curves:
+    """The curves while a comparison trains: loss.png redrawn from the runs finished so far (written whole, as every
+    file, at most every EVERY seconds) and their partial table on stderr. A sweep's grid step draws each variant at
+    the shared rate (one_rate), so that a curve is one rate's; the final report draws over them."""
+    EVERY = 20.0
+
+    def __init__(self, cfg, comp, reused, pbar, one_rate):
+        self.cfg, self.comp, self.reused, self.pbar, self.one_rate, self.last = cfg, comp, reused, pbar, one_rate, 0.0
+
+    def draw(self, trained):
+        done = [r for r in self.reused + trained if r.state == 'done' and
+                (not self.one_rate or r.lr == self.cfg['learning_rate'])]
+        variants = [v for v in self.comp['variants'] if any(r.variant == v for r in done)]
+        if not variants or time.time() - self.last < self.EVERY:
+            return
+        self.last = time.time()
+        base = self.comp['baseline'] if self.comp['baseline'] in variants else variants[0]
+        shapes = {v: {'params': m.param_report(), 'scale': scale_counts(m)} for v in variants
+                  for m in [meta_model(next(r for r in done if r.variant == v).settings, self.cfg['data_dir'])]}
+        head = dict(baseline=base, seeds=sorted({r.seed for r in done}), variants=variants, dataset=self.cfg['dataset'],
+                    settings={})
+        # scored as the final report will be: a sweep's, or one at tuned rates, on the half no choice reads
+        tuned = self.comp['grid'] or any(self.comp['rates'].values())
+        summary, by_variant = report.summarize(head, done, shapes, report.REPORT_HALF if tuned else report.WHOLE)
+        plots.loss(os.path.join(self.cfg['out_dir'], 'loss.png'), summary, by_variant, self.cfg['smooth'])
+        self.pbar.write(f"compare: so far, {len(done)} finished run(s) (loss.png drawn; the report follows at the "
+                        f"end):\n{report.table(summary)}", file=sys.stderr)
 
 
 def run_size(cfg, runs):
@@ -365,7 +451,7 @@ def train_missing(cfg, comp, runs):
     gpus, jobs, at_once = placement.resolve_jobs(cfg, len(todo), *run_size(cfg, todo)) if todo else ([], cfg['jobs'], '')
     check_writable(cfg['out_dir'], create=True)
     per = sorted({len({r.lr for r in runs if r.variant == v}) for v in {r.variant for r in runs}})  # rates per variant
-    rates = f" x {per[0]}{'' if len(per) == 1 else f'-{per[-1]}'} rates" if runs[0].lr is not None else ''
+    rates = f" x {per[0]}{'' if len(per) == 1 else f'-{per[-1]}'} rates" if per[-1] > 1 else ''
     n_variants = len({r.variant for r in runs})
     print(f"compare: {n_variants} variants x {len(comp['seeds'])} seed(s){rates}"
           + f" = {len(runs)} runs into {cfg['out_dir']} ({len(runs) - len(todo)} to reuse, {len(todo)} to train"
@@ -379,8 +465,10 @@ def train_missing(cfg, comp, runs):
         elif run.state == 'retrain':
             pbar.write(f"{run.name}: to train again: its log has no intact record of its checkpoint's evaluation",
                        file=sys.stderr)
+    curves = Curves(cfg, comp, [r for r in runs if r.state in FINISHED], pbar,
+                    one_rate=len({r.lr for r in runs if r.variant == runs[0].variant}) > 1)
     trained = {r.dir: r for r in train_all(todo, placement.placement(jobs, gpus, cfg['nproc_per_run']), cfg['threads'],
-                                           cfg['overwrite'], pbar)}
+                                           cfg['overwrite'], pbar, curves.draw)}
     pbar.close()
     return [trained.get(r.dir, r) for r in runs]
 
@@ -391,6 +479,8 @@ def run_comparison(cfg, comp, runs):
     comp: check_comparison(cfg); runs: grid_runs(cfg, comp). Returns the summary (None after --plan)."""
     t0 = time.time()
     check_dataset(cfg)
+    if comp['untuned'] and not cfg['report']:
+        print(f"compare: {comp['untuned']}", file=sys.stderr)
     if (runs := train_missing(cfg, comp, runs)) is None:
         return None
     for _ in range(2 * MAX_EXTEND if cfg['lr_extend'] and comp['grid'] else 0):  # each edge at most MAX_EXTEND steps
@@ -416,13 +506,18 @@ def write_report(cfg, comp, runs, fresh):
               and k not in shown and k not in ('ffn', 'seed')}  # those two are set per run
     head = dict(baseline=comp['baseline'], seeds=comp['fresh_seeds'] or comp['seeds'], variants=comp['variants'],
                 dataset=cfg['dataset'], settings={**shown, **chosen})
+    if not comp['grid']:  # each variant's rate, and a line on those without a tuned one
+        head.update(rates={v: r or cfg['learning_rate'] for v, r in comp['rates'].items()},
+                    untuned=[v for v, r in comp['rates'].items() if r is None], untuned_note=comp['untuned'])
     models = {v: meta_model(next(r for r in runs if r.variant == v).settings, cfg['data_dir'])
               for v in comp['variants']}
     shapes = {v: {'params': m.param_report(), 'scale': scale_counts(m)} for v, m in models.items()}
     if comp['grid']:
+        head['tuned_at'] = tuning_key(cfg)
         summary, by_variant = report.summarize_sweep(head, runs, fresh, shapes, best_rates(runs), cfg['learning_rate'])
-    else:
-        summary, by_variant = report.summarize(head, runs, shapes)
+    else:  # at tuned rates: scored as the sweep that tuned them, on the half of the windows no choice reads
+        summary, by_variant = report.summarize(head, runs, shapes, report.REPORT_HALF if any(comp['rates'].values())
+                                               else report.WHOLE)
     if summary['damaged_lines']:
         print("compare: damaged log lines set aside (not JSON records as train.py writes them): " + ', '.join(
             f"{n} in {path}" for path, n in summary['damaged_lines'].items()), file=sys.stderr)
@@ -440,6 +535,8 @@ def write_report(cfg, comp, runs, fresh):
     if summary['seed_std'] is not None:
         print(f"seed std of the final val loss {summary['seed_std']:.4f}, of the paired differences "
               f"{report.fmt_loss(summary['paired_diff_std'])}")
+    if comp['grid']:  # a copy and paste runs each variant at its chosen rate without the sweep
+        print('\n' + report.tuned_lines(summary))
     return summary
 
 
@@ -472,7 +569,7 @@ def main(argv):
     if cfg['tokens_per_param'] or cfg['lr_rule'] != 'fixed':
         raise UserError("--tokens_per_param and --lr_rule set the budget and learning rate per size of a ladder; "
                         "add --sizes (e.g. --sizes=2x64,3x96,4x128) or drop them.")
-    comp = check_comparison(cfg)
+    comp = check_comparison(cfg, [a for a in argv if a.startswith('--')])
     run_comparison(cfg, comp, grid_runs(cfg, comp))
 
 

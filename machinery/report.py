@@ -9,7 +9,10 @@ from machinery.files import write_text
 from machinery.run_log import LOG
 
 
-def run_metrics(log, loss_of=lambda r: r['val_loss']):
+WHOLE = lambda r: r['val_loss']  # an evaluation scored on every validation window
+
+
+def run_metrics(log, loss_of=WHOLE):
     """Per-run numbers from its log records. loss_of: the validation loss an evaluation line is scored by."""
     evals = [r for r in log if 'val_loss' in r]
     trains = [r for r in log if 'loss' in r]
@@ -50,9 +53,11 @@ def mean_over_seeds(values):
     return statistics.fmean(values)
 
 
-def summarize(head, runs, shapes, loss_of=lambda r: r['val_loss']):
+def summarize(head, runs, shapes, loss_of=WHOLE):
     """The comparison's summary (JSON-able) and the per-run metrics by variant (for the pictures). head: baseline,
-    seeds, variants, dataset and the settings shown; shapes: per variant its model's param_report and scale_counts."""
+    seeds, variants, dataset and the settings shown, and without a sweep each variant's rate and the line on those
+    that run untuned; shapes: per variant its model's param_report and scale_counts. loss_of: how an evaluation is
+    scored (WHOLE, or a half of the windows)."""
     by_variant, damaged, baseline = {}, {}, head['baseline']
     for run in runs:
         if run.damaged:
@@ -67,7 +72,8 @@ def summarize(head, runs, shapes, loss_of=lambda r: r['val_loss']):
     out = {'baseline': baseline, 'seeds': head['seeds'], 'dataset': head['dataset'],
            'compiled': 'mixed' if len(compiled) > 1 else 'on' if compiled == {True} else 'off',
            'at_once': at_once.pop() if len(at_once) == 1 else 'mixed', 'settings': head['settings'],
-           'damaged_lines': damaged, 'variants': {}}
+           'damaged_lines': damaged, 'variants': {}, 'scored_on': 'report half' if loss_of is REPORT_HALF else 'all',
+           **{k: head[k] for k in ('rates', 'untuned', 'untuned_note') if k in head}}
     for v in head['variants']:
         ms, scale = by_variant[v], shapes[v]['scale']
         done = [m for m in ms if m['status'] == 'done']
@@ -162,10 +168,11 @@ def summarize_sweep(head, runs, fresh, shapes, chosen, shared_lr):
         loss = {lr: None if None in reported[lr] else mean_std(reported[lr]) for lr in rates}
         near = lambda f: next((loss[r]['mean'] - loss[best]['mean'] for r in rates if math.isclose(r, f * best)
                                and loss[r] and loss[best]), None)
-        summary['lr'][v] = {'rates': rates, 'best': best, 'edge': chosen[v]['edge'], 'select_mean': chosen[v]['mean'],
-                            'report': {repr(r): loss[r] for r in rates},
+        summary['lr'][v] = {'rates': rates, 'best': best, 'lowest': chosen[v]['lowest'], 'edge': chosen[v]['edge'],
+                            'margin': chosen[v]['margin'], 'select_mean': chosen[v]['mean'],
+                            'select_se': chosen[v]['se'], 'report': {repr(r): loss[r] for r in rates},
                             'sensitivity': {'half': near(0.5), 'double': near(2)}}
-    summary['shared_lr'] = shared_lr
+    summary['shared_lr'], summary['tuned_at'] = shared_lr, head.get('tuned_at')
     return summary, by_variant
 
 
@@ -201,11 +208,21 @@ def times_note(summary):
     return f"{kind[summary['compiled']]} times{beside}"
 
 
+def fmt_rate(r):
+    """A learning rate as a config file writes it, to 3 significant digits: 8e-3, 1.6e-2."""
+    mantissa, exponent = f'{r:.2e}'.split('e')
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
 def table(summary):
-    base, lr = summary['baseline'], summary.get('lr')  # lr: a sweep, each variant at its own best rate
-    rows = [f"| variant |{' best lr |' if lr else ''} params | FFN | extras per model | final val loss (mean ± std) | "
+    base = summary['baseline']
+    # each variant's rate: a sweep's chosen one, or its own (tuned, or the shared rate where it has none)
+    rate = ({v: fmt_rate(x['best']) for v, x in summary['lr'].items()} if summary.get('lr') else
+            {v: fmt_rate(r) for v, r in summary['rates'].items()} if len(set(summary.get('rates', {}).values())) > 1
+            else None)
+    rows = [f"| variant |{' lr |' if rate else ''} params | FFN | extras per model | final val loss (mean ± std) | "
             f"Δ vs {base} (± std) | resolved? | tok/s | train time |",
-            '|---|' + '---:|' * bool(lr) + '---:|---:|---:|---:|---:|:---:|---:|---:|']
+            '|---|' + '---:|' * bool(rate) + '---:|---:|---:|---:|---:|:---:|---:|---:|']
     for v, s in summary['variants'].items():
         p, d = s['params'], s['diff_to_baseline']
         val = fmt_loss(s['final_val_loss']) + ('' if s['status'] == 'done' else ' (stopped)')
@@ -214,34 +231,49 @@ def table(summary):
             f"{'yes' if d['resolved'] else 'no'}" + (f" (t={d['t']:.1f})" if d['t'] is not None else ''))
         total = fmt_count(p['total']) + (f" ({fmt_count(p['active'])} active)" if p['active'] != p['total'] else '')
         tok_s = fmt(s['tok_s'], ',.0f')
-        name = f"{v} | {lr[v]['best']:.3g}" if lr else v
+        name = f"{v} | {rate[v]}" + ' (untuned)' * (v in summary.get('untuned', [])) if rate else v
         rows.append(f"| {name} | {total} | {fmt_count(p['ffn'])} | {p['extras']:,} | {val} | {diff} | {res} | {tok_s} | "
                     f"{s['train_time_s']:.1f} s |")
     return '\n'.join(rows)
+
+
+def tuned_lines(summary):
+    """A sweep's chosen rates as the lines a config file takes: the same comparison, run at them without the sweep."""
+    rates = ','.join(f"{v}@{fmt_rate(x['best'])}" for v, x in summary['lr'].items())
+    return f"tuned_lrs = '{rates}'\ntuned_at = '{summary['tuned_at']}'"
 
 
 def lr_section(summary):
     base, shared = summary['baseline'], summary['shared']
     rows = []
     for v, x in summary['lr'].items():
-        best = f"**{x['best']:.3g}**" + (f" ({x['edge']} edge)" if x['edge'] else '')
+        best = f"**{fmt_rate(x['best'])}**" + (f" ({x['edge']} edge)" if x['edge'] else '')
+        margin = fmt(x['margin'], '+.1f', ' SE') + (f" (lowest mean: {fmt_rate(x['lowest'])})"
+                                                    if x['lowest'] != x['best'] else '')
         half, double = (fmt_loss(x['sensitivity'][k], signed=True) for k in ('half', 'double'))
         diff = 'baseline' if v == base else fmt_loss(shared[v]['diff_to_baseline'], signed=True)
-        rates = ', '.join(f'{r:.3g}' + '†' * (x['report'][repr(r)] is None) for r in x['rates'])
+        rates = ', '.join(fmt_rate(r) + '†' * (x['report'][repr(r)] is None) for r in x['rates'])
         at_shared = fmt_loss(shared[v]['final_val_loss']) + ('' if shared[v]['status'] == 'done' else ' (stopped)')
-        rows.append(f"| {v} | {rates} | {best} | {half} | {double} | {at_shared} | {diff} |")
+        rows.append(f"| {v} | {rates} | {best} | {margin} | {half} | {double} | {at_shared} | {diff} |")
     failed = any(None in x['report'].values() for x in summary['lr'].values())
     return ['## Learning rates', '',
-            f"Best: the rate with the lowest mean final loss over the sweep's seeds "
-            f"({', '.join(map(str, summary['sweep_seeds']))}) on the first half of the validation windows; every loss "
-            "here is on the second half, which the choice never reads, and the table above is measured at the best "
-            "rate on fresh seeds, so the seed luck that made a rate win is not in it. min_lr keeps its ratio to the rate. "
-            "Edge: the best is the smallest or largest rate tried (--lr_extend=True tries beyond). ½x, 2x: the loss "
-            f"there minus at the best. Shared: all at {summary['shared_lr']:.3g}, as without a sweep."
+            f"Best: the rate chosen by the one-standard-error rule on the sweep's seeds "
+            f"({', '.join(map(str, summary['sweep_seeds']))}) and the first half of the validation windows: from the "
+            "rate of lowest mean, the smallest rate whose mean is within one standard error of it (rates within the "
+            "noise are tied, and the tie goes to the smaller, more stable one). Margin: the next best rate's mean minus "
+            "the chosen one's, in the chosen one's standard errors (below 0: it won a tie). Every loss here is on the "
+            "second half of the windows, which the choice never reads, and the table above is measured at the best "
+            "rate on fresh seeds, so the seed luck that made a rate win is not in it. min_lr keeps its ratio to the "
+            "rate. Edge: the choice is the smallest rate tried, or the lowest mean the largest (--lr_extend=True tries "
+            f"beyond). ½x, 2x: the loss there minus at the best. Shared: all at {fmt_rate(summary['shared_lr'])}, as "
+            "without a sweep."
             + (" †: a seed diverged at that rate, a failure there (no loss)." if failed else ''), '',
             '![loss against learning rate](lr.png)', '',
-            f'| variant | rates tried | best | ½x best | 2x best | at the shared rate | Δ vs {base} at the shared rate |',
-            '|---|---|---|---:|---:|---:|---:|'] + rows + ['']
+            f'| variant | rates tried | best | margin | ½x best | 2x best | at the shared rate | Δ vs {base} at the '
+            'shared rate |', '|---|---|---|---|---:|---:|---:|---:|'] + rows + ['',
+            'The same comparison at these rates, without the sweep: these two lines in its config file (tuned_at: the '
+            'settings they were tuned at, checked against the comparison\'s own).', '', '```python',
+            tuned_lines(summary), '```', '']
 
 
 def time_verdict(m):
@@ -337,6 +369,10 @@ def write_markdown(path, summary):
              + (f" Each variant at its own best learning rate, chosen on the sweep's seeds "
                 f"({', '.join(map(str, summary['sweep_seeds']))}) and measured on these fresh ones (see Learning "
                 f"rates)." if summary.get('lr') else '')
+             + (" Each variant at its own learning rate (lr), scored on the second half of the validation windows, "
+                "the half a sweep never chooses on." if summary.get('scored_on') == 'report half' and not summary.get('lr')
+                else '')
+             + (f" Untuned: {summary['untuned_note']}" if summary.get('untuned_note') else '')
              + (" Logs: the same batches per seed (batch_hash), the same validation windows (val_hash)." if same else ''),
              '', 'Settings: ' + ', '.join(f'{k}={v}' for k, v in summary['settings'].items()), '', table(summary), '',
              f"Final val loss: the last evaluation's. Δ: the difference to {summary['baseline']}, paired by seed (same "

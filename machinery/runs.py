@@ -6,6 +6,8 @@ A run is a plain train.py run in <out_dir>/<variant>[/lr<rate>]/seed<seed>, reco
 holds, or before its first checkpoint by the compare.json that compare.py writes when it starts or plans one (once
 that try has logged something: a try that failed before, or a planned run not started yet, holds nothing).
 """
+import hashlib
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -35,6 +37,21 @@ def identifies(key):
 def identity(settings, processes):
     """What a run is: its identifying settings (train.py's defaults filling what it did not set) and processes."""
     return {**{k: settings.get(k, v) for k, v in DEFAULTS.items() if identifies(k)}, 'processes': processes}
+
+
+# what a tuned learning rate does not depend on: the variant and seed, the rate itself (min_lr as its ratio to it), and
+# where and how a run trains and is evaluated
+NOT_TUNING = ('ffn', 'seed', 'learning_rate', 'min_lr', 'device', 'eval_interval', 'eval_iters', 'log_interval',
+              'always_save_checkpoint')
+
+
+def tuning_key(cfg):
+    """The settings a comparison's learning rates are tuned at, as 12 hex digits (of a SHA-256): every setting that
+    makes a run what it is (identity) but those in NOT_TUNING, and min_lr's ratio to the rate. A sweep's summary
+    names it as tuned_at; a comparison at other settings finds its tuned rates untuned."""
+    settings = {k: v for k, v in identity(cfg, cfg['nproc_per_run']).items() if k not in NOT_TUNING}
+    settings['min_lr_ratio'] = cfg['min_lr'] / cfg['learning_rate']
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def make_run(cfg, variant, seed, lr=None):

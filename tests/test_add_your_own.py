@@ -214,7 +214,7 @@ def test_the_guides_commands_train_and_report_the_new_activations(added, shakesp
     out, figures, save = str(tmp_path / 'cmp'), {}, acts.save_figure
     monkeypatch.setattr(acts, 'save_figure', lambda fig, path: (figures.update({path: fig}), save(fig, path)))
     argv = [*shlex.split(command)[2:], f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}',
-            '--learning_rate=1e-2', '--max_iters=4', '--eval_interval=2', *TINY]
+            '--learning_rate=1e-2', '--max_iters=4', '--eval_interval=2', '--seed=1337', *TINY]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         cfg = compare.settings(argv)
         for run in compare.grid_runs(cfg, compare.check_comparison(cfg)):  # the runs compare.py plans, trained here

@@ -24,7 +24,7 @@ from machinery.cli import UserError, run_cli  # noqa: E402
 from machinery.files import read_json  # noqa: E402
 from machinery.runs import PLAN
 
-TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
+TINY = ['--seed=1337', '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
         '--lr_decay_iters=4', '--warmup_iters=1', '--eval_interval=2', '--eval_iters=2', '--log_interval=1',
         '--device=cpu', '--compile=False', '--dtype=float32', '--variants=gelu,moa', '--seeds=2', '--threads=1',
         '--lrs=']

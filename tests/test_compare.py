@@ -8,6 +8,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -26,6 +27,7 @@ import compare
 import configurator
 from machinery import files, report, run_log, runs
 from machinery.cli import RunStopped, UserError, run_cli
+from machinery.runs import tuning_key
 from model import GPT, GPTConfig
 
 
@@ -39,7 +41,7 @@ def scan_state(spec):
 
 VARIANTS = ['gelu', 'moa']  # a fixed activation and one that logs what it learned ('act')
 SEEDS = [1337, 1338]
-TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
+TINY = ['--seed=1337', '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
         '--lr_decay_iters=4', '--warmup_iters=1', '--eval_interval=2', '--eval_iters=2', '--log_interval=1',
         '--device=cpu', '--compile=False', '--dtype=float32', '--lrs=']  # one rate (the default config sweeps 5)
 
@@ -337,8 +339,8 @@ def test_a_bundled_dataset_is_prepared_on_demand(tmp_path):
     assert meta['tokenizer'] == 'char' and meta['vocab_size'] == 84
 
 
-@pytest.mark.parametrize('name', ['compare_shakespeare_char', 'compare_owt_dense', 'compare_owt_moe', 'ablate_polycom',
-                                  'ablate_moa'])
+@pytest.mark.parametrize('name', ['compare_shakespeare_char', 'sweep_shakespeare_char', 'compare_owt_dense',
+                                  'compare_owt_moe', 'ablate_polycom', 'ablate_moa'])
 def test_configs_plan(name):
     """Each shipped comparison config parses and plans (valid variants, baseline, keys) without training anything."""
     cfg = compare.settings([os.path.join(REPO, 'config', f'{name}.py'), '--plan'])  # planned for a GPU elsewhere
@@ -350,10 +352,14 @@ def test_configs_plan(name):
         assert len(seeds) == 3 and len(rates) == 3 and cfg['lr_extend'] and cfg['max_iters'] == 300
         if name == 'ablate_moa':
             assert cfg['act_dict'] == 'identity,relu,relu2,gelu,silu,leaky_relu,tanh'  # the paper's K = 7
-    elif name == 'compare_shakespeare_char':
+    elif name == 'sweep_shakespeare_char':  # the sweep that tunes the default comparison
         assert set(variants) >= {'gelu', 'relu2', 'swiglu', 'polyrelu', 'polynorm', 'la', 'moa', 'moa_glu'}
         assert len(seeds) >= 2 and cfg['device'] == 'cpu' and cfg['dtype'] == 'float32'
         assert rates == [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2] and cfg['learning_rate'] == 2e-3 and cfg['lr_extend']
+    elif name == 'compare_shakespeare_char':  # each variant at its tuned rate, on the seeds after the sweep's
+        sweep = compare.settings([os.path.join(REPO, 'config', 'sweep_shakespeare_char.py')])
+        assert comp['untuned'] is None and len(set(comp['rates'].values())) > 1 and rates == [None]
+        assert seeds == [s + 3 for s in compare.check_comparison(sweep)['seeds']] and tuning_key(cfg) == tuning_key(sweep)
     else:
         assert cfg['dataset'] == 'openwebtext' and cfg['compile'] is True and cfg['dtype'] == 'bfloat16'
         assert (cfg['n_expert'], cfg['top_k']) == ((8, 2) if name.endswith('moe') else (0, 2))
@@ -433,7 +439,7 @@ def test_a_variant_carries_model_settings_of_its_own(tmp_path):
     default, order2 = grid_specs(cfg)
     assert (default['settings']['poly_order'], order2['settings']['poly_order']) == (3, 2)
     assert order2['settings']['ffn'] == 'polyrelu' and order2['dir'] == os.path.join(str(tmp_path), 'polyrelu:poly_order=2',
-                                                                                     'seed1337')
+                                                                                     f"seed{cfg['seed']}")
     assert runs.identity(order2['settings'], 1) != runs.identity(default['settings'], 1)
     extras = [configurator.meta_model({**s['settings'], 'vocab_size': 65}, '').param_report()['extras']
               for s in (default, order2)]
@@ -483,3 +489,49 @@ def test_ctrl_c_while_the_report_is_written_ends_quietly_and_leaves_it_whole(com
         assert p.returncode in (0, 130) and 'Traceback' not in err, (delay, p.returncode, err)
         assert p.returncode == 0 or err.rstrip().endswith('interrupted.'), err
         assert {name: open(os.path.join(out, name), 'rb').read() for name in before} == before
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# each variant at its tuned rate
+
+
+def plan(argv, data_dir, tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        compare.main([f'--data_dir={data_dir}', f'--out_dir={tmp_path / "plan"}', '--plan', *argv])
+    return out.getvalue().splitlines(), err.getvalue()
+
+
+def test_the_default_comparison_plans_each_variant_at_its_tuned_rate(shakespeare_char_dir, tmp_path):
+    """`python compare.py --plan` on a fresh clone: at most 30 runs, at more than one rate, all tuned."""
+    lines, err = plan([], shakespeare_char_dir, tmp_path)
+    rates = {re.search(r' --learning_rate=(\S+)', line).group(1) for line in lines}
+    assert 0 < len(lines) <= 30 and len(rates) > 1 and 'untuned' not in err
+
+
+def test_a_variant_without_a_tuned_rate_is_named_untuned_with_the_command_that_tunes_it(shakespeare_char_dir,
+                                                                                         tmp_path):
+    """A variant the tuned rates do not cover (one of the user's own) runs at the shared rate and says so, naming the
+    sweep that tunes it; after a change of the model, every tuned rate is untuned; a rate given (@) is the user's."""
+    lines, err = plan(['--variants=gelu,xielu,polynorm@4e-3'], shakespeare_char_dir, tmp_path)
+    rates = [re.search(r' --learning_rate=(\S+)', line).group(1) for line in lines]
+    assert rates == ['0.008', '0.002', '0.004'] * 3  # seed by seed: gelu tuned, xielu shared, polynorm its own
+    assert ('compare: xielu runs untuned, at the shared learning_rate 2e-3 (no tuned rate); `python compare.py '
+            f'config/sweep_shakespeare_char.py --data_dir={shakespeare_char_dir} --variants=gelu,xielu,polynorm@4e-3` '
+            'tunes it.') in err
+    _, err = plan(['--n_embd=128'], shakespeare_char_dir, tmp_path / 'wider')
+    assert 'gelu, relu2, swiglu, polyrelu, polynorm, la, moa, moa_glu run untuned' in err
+    assert 'rates tuned at other settings' in err and ' --n_embd=128` tunes them' in err
+    summary = {**json.load(open(os.path.join(REPO, 'results', 'compare_shakespeare_char', 'summary.json'))),
+               'untuned': ['xielu'], 'untuned_note': 'xielu runs untuned, at the shared learning_rate 2e-3 (...).'}
+    report.write_markdown(str(tmp_path / 'summary.md'), summary)
+    assert 'Untuned: xielu runs untuned' in (tmp_path / 'summary.md').read_text()
+
+
+def test_a_sweep_refuses_a_variant_that_carries_its_own_rate():
+    cfg = compare.settings(['--variants=gelu@8e-3,relu', '--lrs=2e-3,4e-3', '--learning_rate=2e-3'])
+    with pytest.raises(UserError, match='gelu cannot carry its own'):
+        compare.check_comparison(cfg)
+    for bad in ('gelu@', 'gelu@-1', 'gelu@abc'):
+        with pytest.raises(UserError, match='carries no rate a run can take'):
+            compare.check_comparison(compare.settings([f'--variants={bad}', '--lrs=']))

@@ -161,7 +161,7 @@ def test_a_20_step_compare_of_a_dense_and_an_moe_variant_trains_both_on_one_gpu(
     out = tmp_path / 'cmp'
     variants = ('gelu', 'moa_glu:n_expert=4')
     # the default comparison's config is read first (CPU settings): every setting that matters is given here
-    cmd = [sys.executable, 'compare.py', f'--data_dir={tmp_path / "data"}', '--dataset=synthetic', f'--out_dir={out}',
+    cmd = [sys.executable, 'compare.py', '--seed=1337', f'--data_dir={tmp_path / "data"}', '--dataset=synthetic', f'--out_dir={out}',
            '--device=cuda', '--compile=auto', '--dtype=auto', f'--variants={",".join(variants)}', '--seeds=1',
            '--lrs=', '--jobs=0', '--threads=0', '--max_iters=20', '--lr_decay_iters=20', '--eval_interval=10',
            '--log_interval=5', '--eval_iters=4', '--warmup_iters=2', '--learning_rate=3e-3', '--min_lr=3e-4',

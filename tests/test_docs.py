@@ -44,25 +44,39 @@ def test_readme_variant_table_is_the_registry():
     assert not problems, '\n'.join(problems)
 
 
-def test_readme_results_table_is_the_shipped_summary():
-    """Each row of README's table of the default comparison says what results/compare_shakespeare_char/summary.json
-    holds: the best rate, the loss there (mean ± std over seeds), the paired Δ at the best and at the shared rate."""
-    summary = json.loads((ROOT / 'results' / 'compare_shakespeare_char' / 'summary.json').read_text(encoding='utf-8'))
+def shipped(name):
+    return json.loads((ROOT / 'results' / name / 'summary.json').read_text(encoding='utf-8'))
+
+
+def test_readme_results_table_is_the_shipped_summaries():
+    """Each row of README's table of the default comparison says what its shipped summary holds (each variant's rate,
+    the loss there, the paired Δ), and the sweep's (the paired Δ at the shared rate)."""
+    summary, sweep = shipped('compare_shakespeare_char'), shipped('sweep_shakespeare_char')
     section = (ROOT / 'README.md').read_text(encoding='utf-8').split('## What the default comparison shows')[1]
     lines = [l for l in section.split('\n## ')[0].splitlines() if l.startswith('| ') and not l.startswith('| variant')]
     rows = [[cell.strip() for cell in l.strip().strip('|').split('|')] for l in lines]
     assert [r[0] for r in rows] == list(summary['variants'])
     signed = lambda d: f"{d['mean']:+.3f} ± {d['std']:.3f}".replace('-', '−')
-    for v, best, loss, d_best, res_best, d_shared, res_shared in rows:
-        assert float(best) == summary['lr'][v]['best'], v
+    for v, rate, loss, d_tuned, res_tuned, d_shared, res_shared in rows:
+        assert float(rate) == summary['rates'][v], v
         f = summary['variants'][v]['final_val_loss']
         assert loss == f"{f['mean']:.3f} ± {f['std']:.3f}", v
-        for text, resolved, d in ((d_best, res_best, summary['variants'][v]['diff_to_baseline']),
-                                  (d_shared, res_shared, summary['shared'][v]['diff_to_baseline'])):
+        for text, resolved, d in ((d_tuned, res_tuned, summary['variants'][v]['diff_to_baseline']),
+                                  (d_shared, res_shared, sweep['shared'][v]['diff_to_baseline'])):
             if v == summary['baseline']:
                 assert (text, resolved) == ('baseline', ''), v
             else:
                 assert (text.strip('*'), resolved) == (signed(d), 'yes' if d['resolved'] else 'no'), v
+
+
+def test_the_default_comparisons_rates_are_the_shipped_sweeps_choice():
+    """config/compare_shakespeare_char.py runs each variant at the rate its sweep chose, with the sweep's settings:
+    the config and the shipped sweep cannot drift apart."""
+    import compare
+    from machinery import report
+    cfg, sweep = compare.settings([]), shipped('sweep_shakespeare_char')
+    assert cfg['tuned_lrs'] == report.tuned_lines(sweep).split("'")[1] and cfg['tuned_at'] == sweep['tuned_at']
+    assert compare.check_comparison(cfg)['rates'] == {v: x['best'] for v, x in sweep['lr'].items()}
 
 
 PAPERS = {'PolyCom': 'ablate_polycom', 'MoA': 'ablate_moa'}  # README's paper column -> its ablation's results/

@@ -25,7 +25,7 @@ from machinery.cli import UserError  # noqa: E402
 from machinery.device import Compute  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
-TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
+TINY = ['--seed=1337', '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
         '--lr_decay_iters=4', '--warmup_iters=1', '--eval_interval=2', '--eval_iters=2', '--log_interval=1',
         '--variants=gelu,moa', '--lrs=']
 

@@ -28,7 +28,7 @@ from data.loader import DataLoader  # noqa: E402
 from data.shards import HEADER_BYTES, shard_info, write_shard  # noqa: E402
 from machinery.cli import run_cli  # noqa: E402
 
-TINY = ['--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
+TINY = ['--seed=1337', '--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
         '--block_size=32', '--batch_size=4', '--eval_iters=2', '--warmup_iters=0']
 DIVERGING = ['--ffn=polyrelu', '--learning_rate=100', '--grad_clip=0', '--max_iters=40', '--eval_interval=1']
 

@@ -36,7 +36,7 @@ def grid_specs(cfg):
 
 
 VARIANTS = ['gelu', 'la', 'polynorm']
-TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
+TINY = ['--seed=1337', '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
         '--lr_decay_iters=4', '--warmup_iters=1', '--learning_rate=1e-2', '--eval_interval=2', '--eval_iters=1',
         '--log_interval=1', '--device=cpu', '--compile=False', '--dtype=float32']
 

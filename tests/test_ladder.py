@@ -88,7 +88,7 @@ def test_flops_axis_is_the_models_count_and_n_excludes_embeddings(moe):
         assert counts['non_embedding_active'] == counts['non_embedding']
 
 
-TINY = ['--block_size=32', '--batch_size=4', '--max_iters=4', '--lr_decay_iters=4', '--warmup_iters=1',
+TINY = ['--seed=1337', '--block_size=32', '--batch_size=4', '--max_iters=4', '--lr_decay_iters=4', '--warmup_iters=1',
         '--eval_interval=2', '--eval_iters=2', '--log_interval=1', '--device=cpu', '--compile=False',
         '--dtype=float32', '--jobs=2', '--threads=1']
 

@@ -59,7 +59,7 @@ def u_loss(run, half):
 
 def train_synthetically(cfg, monkeypatch):
     """compare.run_comparison's steps, each run 'trained' with the synthetic losses; returns its runs as scanned."""
-    def train_all(todo, slots, threads, overwrite, pbar):
+    def train_all(todo, slots, threads, overwrite, pbar, finished):
         for r in todo:
             finish(r.spec, u_loss(r.spec, 0), u_loss(r.spec, 1))
         return [runs_py.scan(r.spec) for r in todo]
@@ -151,7 +151,7 @@ def test_a_rate_where_a_seed_diverged_is_a_failure_there(tmp_path):
     assert gelu['sensitivity']['double'] is None and gelu['report'][repr(1e-3)]['n'] == 2
     json.dumps(summary, allow_nan=False)
     section = '\n'.join(report.lr_section(summary))
-    assert '| gelu | 0.001, 0.002, 0.004† |' in section and '| swiglu | 0.001, 0.002†, 0.004 |' in section
+    assert '| gelu | 1e-3, 2e-3, 4e-3† |' in section and '| swiglu | 1e-3, 2e-3†, 4e-3 |' in section
     assert ' (stopped) |' in next(line for line in section.splitlines() if line.startswith('| swiglu'))
 
 

@@ -24,7 +24,7 @@ if HAVE_WANDB:
     from wandb.proto import wandb_internal_pb2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ['--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
+TINY = ['--seed=1337', '--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
         '--block_size=32', '--batch_size=4', '--eval_iters=2', '--log_interval=1', '--eval_interval=2',
         '--max_iters=4', '--warmup_iters=1', '--lr_decay_iters=4']
 HEADER = b':W&B' + struct.pack('<HB', 0xBEE1, 0)
