@@ -3,10 +3,10 @@
 # against the paper's own plain σ(u_k·x) gate, over the paper's 7-entry dictionary, and how large a peak rate MoA takes
 # against GELU. The default comparison's model, data and budget (config/compare_shakespeare_char.py), each variant at
 # its own best rate, the verdict on fresh seeds.
-# README's "The papers' claims, put through nanoFFN" holds the answers; python compare.py config/ablate_moa.py
+# BENCHMARKS.md's "The papers' claims, put through nanoFFN" holds the answers; python compare.py config/ablate_moa.py
 import os
 
-exec(open(os.path.join(os.path.dirname(__file__), 'compare_shakespeare_char.py')).read())
+exec(open(os.path.join(os.path.dirname(__file__), 'sweep_shakespeare_char.py')).read())
 
 out_dir = 'out-ablate-moa'
 variants = 'gelu,moa,moa:moa_gate=softmax,moa:moa_gate=tanh,moa:moa_gate=plain_sigmoid'
