@@ -2,7 +2,7 @@
 Run a comparison: train FFN variants side by side on the same batches, N runs at a time, then write their report.
 
     python compare.py                                                       # = config/compare_shakespeare_char.py
-    python compare.py --variants=gelu,polynorm --seeds=2 --max_iters=300    # the default comparison, changed
+    python compare.py --variants=gelu,polynorm --seeds=5                    # the default comparison, changed
     python compare.py config/compare_owt_dense.py                           # one GPU, OpenWebText
     python compare.py config/compare_ladder_shakespeare_char.py             # a scaling ladder (--sizes)
     python compare.py --help                                                # every key, as a bare run has it
@@ -23,7 +23,8 @@ import sys
 import time
 
 import configurator
-from configurator import TYPES, check, check_variants, memory_needs, meta_model, scale_counts, variant_settings
+from configurator import (TYPES, check, check_variants, memory_needs, meta_model, scale_counts, variant_rates,
+                          variant_settings)
 from machinery import acts, ladder, placement, plots, report, stats
 from machinery.cli import RunStopped, UserError, parse_args, raise_terminated, run_cli, split_list
 from machinery.device import compile_cache_dir, resolve_device, resolve_dtype
@@ -78,30 +79,13 @@ def settings(argv):
     return cfg
 
 
-def at_rates(text, key):
-    """{label: its rate, None where it carries none} of a comma-separated list of variants, each perhaps carrying a
-    learning rate after '@' (gelu@8e-3, polyrelu:poly_order=2@8e-3)."""
-    out = {}
-    for item in split_list(text):
-        label, at, rate = item.rpartition('@')
-        if not at:
-            out[item] = None
-            continue
-        try:
-            out[label] = float(rate)
-        except ValueError:
-            out[label] = math.nan
-        if not 0 < out[label] < math.inf:
-            raise UserError(f"--{key}: '{item}' carries no rate a run can take after '@'; give a number above 0, e.g. "
-                            f"{label}@8e-3.")
-    return out
-
-
 def tuned_rates(cfg, variants, own, overrides):
     """Each variant's rate without a sweep: its own (gelu@8e-3), else its tuned one (tuned_lrs) where tuned_at is
-    these settings' runs.tuning_key, else None, the shared learning_rate. Returns the rates, and the variants that
-    run untuned with a line saying why and what tunes them (None where none does)."""
-    tuned = at_rates(cfg['tuned_lrs'], 'tuned_lrs')
+    these settings' runs.tuning_key, else None, the shared learning_rate. Returns the rates, and a line naming the
+    variants that run untuned, why, and what tunes them (None where every variant has its rate). overrides: the
+    --key=value arguments of a comparison started from the default config, which its sweep (tuned_by) repeats; None:
+    another config, whose own command with a sweep tunes them."""
+    tuned = variant_rates(cfg['tuned_lrs'], 'tuned_lrs')
     if missing := [v for v, r in tuned.items() if r is None]:
         raise UserError(f"--tuned_lrs: '{missing[0]}' carries no rate; write each variant as variant@rate, e.g. "
                         f"{missing[0]}@8e-3.")
@@ -113,18 +97,19 @@ def tuned_rates(cfg, variants, own, overrides):
     why = ('no tuned rate' if not any(v in tuned for v in untuned) or cfg['tuned_at'] == here else
            f"rates tuned at other settings (tuned_at {cfg['tuned_at'] or 'empty'}, these settings {here})")
     own_keys = ('--out_dir', '--plan', '--report', '--lrs', '--lr_grid', '--tuned_')  # the sweep's own, or the tuning
-    sweep = (f"python compare.py {cfg['tuned_by']}" + ''.join(f' {a}' for a in overrides if not a.startswith(own_keys))
-             if cfg['tuned_by'] else
-             "the same command with --lr_grid=2")
+    plain = lambda a: f"--variants={','.join(variant_rates(a[11:], 'variants'))}" if a.startswith('--variants=') else a
+    sweep = (f"python compare.py {cfg['tuned_by']}" + ''.join(f' {plain(a)}' for a in overrides
+                                                              if not a.startswith(own_keys))
+             if cfg['tuned_by'] and overrides is not None else "the same command with a sweep, e.g. --lr_grid=2")
     return rates, (f"{', '.join(untuned)} run{'s' * (len(untuned) == 1)} untuned, at the shared learning_rate "
                    f"{report.fmt_rate(cfg['learning_rate'])} ({why}); `{sweep}` tunes "
                    f"{'it' if len(untuned) == 1 else 'them'}.")
 
 
-def check_comparison(cfg, overrides=()):
+def check_comparison(cfg, overrides=None):
     """The comparison's settings checked, before anything runs: its variants and their rates, seeds, baseline and
-    sweep grid. overrides: the --key=value arguments given, which the command that tunes untuned rates repeats."""
-    own = at_rates(cfg['variants'], 'variants')
+    sweep grid. overrides: see tuned_rates."""
+    own = variant_rates(cfg['variants'], 'variants')
     variants = check_variants(','.join(own))
     baseline = cfg['baseline'] or variants[0]
     if baseline not in variants:
@@ -148,6 +133,9 @@ def check_comparison(cfg, overrides=()):
         raise UserError(f"a sweep tries each of its rates for every variant, so {given[0]} cannot carry its own; drop "
                         f"its @rate, or the sweep (--lrs= empty).")
     rates, untuned = tuned_rates(cfg, variants, own, overrides) if not grid else (dict.fromkeys(variants), None)
+    if any(rates.values()) and cfg['eval_iters'] < 2:
+        raise UserError("a comparison at tuned rates is scored, as its sweep is, on the half of the validation batches "
+                        "no choice reads; give --eval_iters of at least 2.")
     seeds = [cfg['seed'] + i for i in range(cfg['seeds'])]
     fresh = [seeds[-1] + 1 + i for i in range(cfg['seeds'])] if grid else []  # a sweep's verdict: the seeds after
     for v in variants:
@@ -405,6 +393,14 @@ class Curves:
         self.cfg, self.comp, self.reused, self.pbar, self.one_rate, self.last = cfg, comp, reused, pbar, one_rate, 0.0
 
     def draw(self, trained):
+        try:
+            self._draw(trained)
+        except Exception as e:  # a picture mid-run is worth less than the runs: say so, go on without it
+            self.last = math.inf
+            self.pbar.write(f"compare: could not draw the curves so far ({type(e).__name__}: {e}); the report draws "
+                            f"them at the end", file=sys.stderr)
+
+    def _draw(self, trained):
         done = [r for r in self.reused + trained if r.state == 'done' and
                 (not self.one_rate or r.lr == self.cfg['learning_rate'])]
         variants = [v for v in self.comp['variants'] if any(r.variant == v for r in done)]
@@ -415,7 +411,8 @@ class Curves:
         shapes = {v: {'params': m.param_report(), 'scale': scale_counts(m)} for v in variants
                   for m in [meta_model(next(r for r in done if r.variant == v).settings, self.cfg['data_dir'])]}
         head = dict(baseline=base, seeds=sorted({r.seed for r in done}), variants=variants, dataset=self.cfg['dataset'],
-                    settings={})
+                    settings={}, rates={v: next(r.lr or self.cfg['learning_rate'] for r in done if r.variant == v)
+                                        for v in variants})
         # scored as the final report will be: a sweep's, or one at tuned rates, on the half no choice reads
         tuned = self.comp['grid'] or any(self.comp['rates'].values())
         summary, by_variant = report.summarize(head, done, shapes, report.REPORT_HALF if tuned else report.WHOLE)
@@ -543,6 +540,9 @@ def write_report(cfg, comp, runs, fresh):
 def run_ladder(cfg):
     """--sizes: a comparison at every size in out_dir/<size>/, then the ladder's summary and ladder.png in out_dir."""
     learning_rates(cfg)  # the sweep's settings, checked before each size scales them
+    if cfg['lr_rule'] == 'width' and any(variant_rates(cfg['variants'], 'variants').values()):
+        raise UserError("--lr_rule=width scales learning_rate per size, which a variant's own @rate would not follow; "
+                        "drop the @rate, or use --lr_rule=fixed.")
     sizes = ladder.size_settings(cfg)
     steps = []
     for s in sizes:  # every size checked and read (with --report: finished) before any trains
@@ -569,7 +569,8 @@ def main(argv):
     if cfg['tokens_per_param'] or cfg['lr_rule'] != 'fixed':
         raise UserError("--tokens_per_param and --lr_rule set the budget and learning rate per size of a ladder; "
                         "add --sizes (e.g. --sizes=2x64,3x96,4x128) or drop them.")
-    comp = check_comparison(cfg, [a for a in argv if a.startswith('--')])
+    from_default = all(a.startswith('-') for a in argv)  # settings() began with the default config, whose sweep tunes
+    comp = check_comparison(cfg, [a for a in argv if a.startswith('--')] if from_default else None)
     run_comparison(cfg, comp, grid_runs(cfg, comp))
 
 

@@ -77,6 +77,26 @@ def check_variants(text):
     return labels
 
 
+def variant_rates(text, key):
+    """{label: its rate, None where it carries none} of a comma-separated list of variants (--variants, --tuned_lrs),
+    each perhaps carrying a learning rate after '@' (gelu@8e-3, polyrelu:poly_order=2@8e-3); each label checked by
+    variant_settings, once."""
+    out = {}
+    for item in split_list(text):
+        label, at, rate = item.rpartition('@') if '@' in item else (item, '', '')
+        variant_settings(label)
+        if label in out:
+            raise UserError(f"--{key}='{text}' names {label} twice; list each variant once.")
+        try:
+            out[label] = float(rate) if at else None
+        except ValueError:
+            out[label] = math.nan
+        if at and not 0 < out[label] < math.inf:
+            raise UserError(f"--{key}: '{item}' carries no rate a run can take after '@'; give a number above 0, e.g. "
+                            f"{label}@8e-3.")
+    return out
+
+
 def variant_settings(label):
     """The settings a variant of a comparison stands for: a name of activations.VARIANTS, optionally carrying model
     settings of its own, so that one comparison can vary them: 'polyrelu:poly_order=2' -> {'ffn': 'polyrelu',
@@ -97,7 +117,8 @@ def variant_settings(label):
 
 def at_rate(settings, lr):
     """The learning-rate settings of a run at peak rate lr instead of settings' own: min_lr keeps its ratio to it."""
-    return {'learning_rate': lr, 'min_lr': settings['min_lr'] * lr / settings['learning_rate']}
+    return {'learning_rate': lr, 'min_lr': settings['min_lr'] * lr / settings['learning_rate'] if settings[
+        'learning_rate'] else settings['min_lr']}
 
 
 def model_config(settings):

@@ -2,7 +2,7 @@
 What each activation became: the learned functions of one run, drawn over the inputs they actually see.
 
     python inspect_run.py --out_dir=out-pn                       # any train.py run directory (ckpt.pt, log.jsonl)
-    python inspect_run.py --out_dir=out-compare/la/seed1337      # one run of a comparison
+    python inspect_run.py --out_dir=out-compare-shakespeare-char/la/lr0.008/seed1340  # one run of a comparison
     python inspect_run.py --out_dir=RUN --data_dir=/elsewhere    # the dataset was moved since the run trained
 
 Writes RUN/acts.png, one row per layer, and its numbers in RUN/acts.json: the learned φ (solid) against its init

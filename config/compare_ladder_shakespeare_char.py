@@ -14,7 +14,7 @@ tokens_per_param = 10.0  # iterations = 10 x N / 1,024 tokens per iteration: 31,
 lr_rule = 'fixed'
 lr_grid = 1  # the rates learning_rate x 1/2, 1, 2 at every size
 lr_extend = True  # a best rate at an edge tries the next one beyond it
-jobs = 0  # one run per core: threads / cores
+jobs = 0  # one run per core: cores / threads
 threads = 1
 
 dataset = 'shakespeare_char'

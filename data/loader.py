@@ -36,9 +36,9 @@ class DatasetNotPrepared(UserError):
 
 
 def open_loader(dataset, block_size, batch_size, seed, data_dir="data", rank=0, world_size=1, prepare=True):
-    """A DataLoader, preparing a bundled dataset (BUNDLED) first, once, where it is not prepared yet (with prepare:
-    one process of several prepares, the others wait for it); any other dataset that is not prepared is refused, with
-    the command that prepares it."""
+    """A DataLoader, preparing a bundled dataset (BUNDLED) first where it is not prepared yet and prepare is set (of
+    several processes, one prepares while the others wait: train.py's rank 0); any other dataset that is not prepared
+    is refused, with the command that prepares it."""
     try:
         return DataLoader(dataset, block_size, batch_size, seed, rank, world_size, data_dir)
     except DatasetNotPrepared:

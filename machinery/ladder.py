@@ -4,7 +4,7 @@ import math
 import os
 import sys
 
-from configurator import at_rate, meta_model, scale_counts
+from configurator import at_rate, meta_model, scale_counts, variant_rates
 from machinery import stats
 from machinery.cli import UserError, split_list
 from machinery.files import write_text
@@ -60,7 +60,7 @@ def size_settings(cfg):
     if cfg['tokens_per_param'] > 0 and cfg['max_iters'] < 1:
         raise UserError("--tokens_per_param scales the schedule of --max_iters; give --max_iters of at least 1.")
     out, all_sizes = [], sizes(cfg['sizes'])
-    baseline = cfg['baseline'] or split_list(cfg['variants'])[0]
+    baseline = cfg['baseline'] or next(iter(variant_rates(cfg['variants'], 'variants')))
     for size in all_sizes:
         s = dict(n_layer=size['n_layer'], n_embd=size['n_embd'], n_head=size['n_head'],
                  out_dir=os.path.join(cfg['out_dir'], size['name']))

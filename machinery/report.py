@@ -211,7 +211,7 @@ def times_note(summary):
 def fmt_rate(r):
     """A learning rate as a config file writes it, to 3 significant digits: 8e-3, 1.6e-2."""
     mantissa, exponent = f'{r:.2e}'.split('e')
-    return f"{float(mantissa):g}e{int(exponent)}"
+    return f"{float(mantissa):g}e{int(exponent)}" if r else '0'
 
 
 def table(summary):

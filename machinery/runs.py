@@ -50,7 +50,7 @@ def tuning_key(cfg):
     makes a run what it is (identity) but those in NOT_TUNING, and min_lr's ratio to the rate. A sweep's summary
     names it as tuned_at; a comparison at other settings finds its tuned rates untuned."""
     settings = {k: v for k, v in identity(cfg, cfg['nproc_per_run']).items() if k not in NOT_TUNING}
-    settings['min_lr_ratio'] = cfg['min_lr'] / cfg['learning_rate']
+    settings['min_lr_ratio'] = cfg['min_lr'] / cfg['learning_rate'] if cfg['learning_rate'] else None
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 

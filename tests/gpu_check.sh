@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, on a machine with a CUDA GPU (about 8 minutes on one H100/H200): the GPU tests (python -m pytest -m
+# The GPU check, on a machine with a CUDA GPU (3-4 minutes on one H200, 8 at most): the GPU tests (python -m pytest -m
 # cuda: every variant compiled in bf16 against eager fp32, the MoE's grouped matmul, fused AdamW, a compiled bf16
 # comparison of a dense and an MoE variant sharing the GPU), then bench.py at GPT-2 small's shape (124M parameters),
 # compiled regionally and whole: step time, peak memory, MFU. Everything goes into one report.

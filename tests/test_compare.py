@@ -517,8 +517,8 @@ def test_a_variant_without_a_tuned_rate_is_named_untuned_with_the_command_that_t
     rates = [re.search(r' --learning_rate=(\S+)', line).group(1) for line in lines]
     assert rates == ['0.008', '0.002', '0.004'] * 3  # seed by seed: gelu tuned, xielu shared, polynorm its own
     assert ('compare: xielu runs untuned, at the shared learning_rate 2e-3 (no tuned rate); `python compare.py '
-            f'config/sweep_shakespeare_char.py --data_dir={shakespeare_char_dir} --variants=gelu,xielu,polynorm@4e-3` '
-            'tunes it.') in err
+            f'config/sweep_shakespeare_char.py --data_dir={shakespeare_char_dir} --variants=gelu,xielu,polynorm` '
+            'tunes it.') in err  # the sweep tunes every variant: no @rate, which a sweep refuses
     _, err = plan(['--n_embd=128'], shakespeare_char_dir, tmp_path / 'wider')
     assert 'gelu, relu2, swiglu, polyrelu, polynorm, la, moa, moa_glu run untuned' in err
     assert 'rates tuned at other settings' in err and ' --n_embd=128` tunes them' in err
@@ -535,3 +535,21 @@ def test_a_sweep_refuses_a_variant_that_carries_its_own_rate():
     for bad in ('gelu@', 'gelu@-1', 'gelu@abc'):
         with pytest.raises(UserError, match='carries no rate a run can take'):
             compare.check_comparison(compare.settings([f'--variants={bad}', '--lrs=']))
+
+
+@pytest.mark.parametrize('argv, words', [
+    (['--variants=gelu@1e-3,gelu@2e-3'], 'names gelu twice'),
+    (['--variants=gelu,gelu@8e-3'], 'names gelu twice'),
+    (['--tuned_lrs=gleu@8e-3'], "unknown ffn 'gleu'"),
+    (['--tuned_lrs=gelu'], "'gelu' carries no rate"),
+    (['--variants=gelu@8e-3', '--eval_iters=1'], 'eval_iters of at least 2'),
+])
+def test_mistakes_with_rates_are_one_sentence(argv, words):
+    with pytest.raises(UserError, match=words):
+        compare.check_comparison(compare.settings(argv))
+
+
+def test_a_shared_rate_of_0_plans_untuned_runs(shakespeare_char_dir, tmp_path):
+    """learning_rate=0 has no ratio for min_lr to keep: the tuned rates do not apply, and nothing divides by it."""
+    lines, err = plan(['--learning_rate=0'], shakespeare_char_dir, tmp_path)
+    assert len(lines) == 24 and 'run untuned, at the shared learning_rate 0 (' in err
