@@ -98,9 +98,8 @@ def evaluate(model, val_batches, autocast, hw):
 
 
 def set_up(cfg, checkpoint):
-    """Everything a run needs, in nanoGPT's order, as one namespace: the hardware (device.py), the data, the model and
-    its optimizer (from the checkpoint when resuming), then the run directory, locked and opened for this try only
-    once everything has been checked."""
+    """Everything a run needs, in nanoGPT's order, as one namespace: the hardware, the data, the model and its optimizer
+    (from the checkpoint when resuming), then the run directory, opened only once everything has been checked."""
     r = SimpleNamespace(cfg=cfg, out_dir=cfg['out_dir'], ckpt_path=os.path.join(cfg['out_dir'], ckpt_io.CKPT))
     r.hw = hw = device.setup(cfg['device'], cfg['dtype'])
     r.master, r.autocast = hw.rank == 0, device.autocast(hw.device_type, hw.dtype)  # only the master writes
@@ -110,12 +109,9 @@ def set_up(cfg, checkpoint):
     for seed in (random.seed, np.random.seed, torch.manual_seed):  # each rank its own (dropout); DDP broadcasts
         seed(cfg['seed'] + hw.rank)  # rank 0's initial weights
     # the data: this rank's stream of batches, and the validation windows every run on the dataset is scored on
-    if hw.ddp and not r.master:  # rank 0 prepares a bundled dataset that is not prepared yet; the others wait for it
-        dist.barrier()
-    r.loader = open_loader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'], cfg['data_dir'],
-                           hw.rank, hw.world_size, prepare=r.master)
-    if hw.ddp and r.master:
-        dist.barrier()
+    with device.rank_zero_first(hw):  # rank 0 prepares a bundled dataset not prepared yet, the others wait for it
+        r.loader = open_loader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'], cfg['data_dir'],
+                               hw.rank, hw.world_size, prepare=r.master)
     val = r.loader.val_batches(cfg['eval_iters'])
     r.val_hash = hashlib.sha256(b''.join(X.numpy().tobytes() + Y.numpy().tobytes() for X, Y in val)).hexdigest()
     r.val_batches = [(X.to(hw.device), Y.to(hw.device)) for X, Y in val]  # on the device once

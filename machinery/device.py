@@ -3,7 +3,7 @@ The hardware choices of a run, in one place: its set-up (device, precision, DDP 
 (regional, with its on-disk cache), and the accelerator's peak FLOP/s for MFU.
 """
 import os
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -89,6 +89,16 @@ def setup(device, dtype, mps=True):
         torch.cuda.set_device(torch.device(name))
         torch.set_float32_matmul_precision('high')  # TF32 matmuls for float32 work
     return Compute(name, resolve_dtype(dtype, name.split(':')[0]), ddp, rank, local_rank, world_size)
+
+
+@contextmanager
+def rank_zero_first(hw):
+    """Under DDP, rank 0 runs the block before the other ranks do (a preparation they all read)."""
+    if hw.ddp and hw.rank != 0:
+        dist.barrier()
+    yield
+    if hw.ddp and hw.rank == 0:
+        dist.barrier()
 
 
 def teardown(hw, failed):
