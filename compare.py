@@ -96,10 +96,11 @@ def tuned_rates(cfg, variants, own, overrides):
         return rates, None
     why = ('no tuned rate' if not any(v in tuned for v in untuned) or cfg['tuned_at'] == here else
            f"rates tuned at other settings (tuned_at {cfg['tuned_at'] or 'empty'}, these settings {here})")
-    own_keys = ('--out_dir', '--plan', '--report', '--lrs', '--lr_grid', '--tuned_')  # the sweep's own, or the tuning
+    # the sweep repeats what makes the runs what they are (and where their data is), not how this command runs them
+    key = lambda a: a[2:].partition('=')[0].replace('-', '_')
+    repeated = lambda a: key(a) in ('variants', 'data_dir') or key(a) in configurator.DEFAULTS and identifies(key(a))
     plain = lambda a: f"--variants={','.join(variant_rates(a[11:], 'variants'))}" if a.startswith('--variants=') else a
-    sweep = (f"python compare.py {cfg['tuned_by']}" + ''.join(f' {plain(a)}' for a in overrides
-                                                              if not a.startswith(own_keys))
+    sweep = (f"python compare.py {cfg['tuned_by']}" + ''.join(f' {plain(a)}' for a in overrides if repeated(a))
              if cfg['tuned_by'] and overrides is not None else "the same command with a sweep, e.g. --lr_grid=2")
     return rates, (f"{', '.join(untuned)} run{'s' * (len(untuned) == 1)} untuned, at the shared learning_rate "
                    f"{report.fmt_rate(cfg['learning_rate'])} ({why}); `{sweep}` tunes "
