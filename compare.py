@@ -134,9 +134,9 @@ def check_comparison(cfg, overrides=None):
         raise UserError(f"a sweep tries each of its rates for every variant, so {given[0]} cannot carry its own; drop "
                         f"its @rate, or the sweep (--lrs= empty).")
     rates, untuned = tuned_rates(cfg, variants, own, overrides) if not grid else (dict.fromkeys(variants), None)
-    if any(rates.values()) and cfg['eval_iters'] < 2:
-        raise UserError("a comparison at tuned rates is scored, as its sweep is, on the half of the validation batches "
-                        "no choice reads; give --eval_iters of at least 2.")
+    if (grid or any(rates.values())) and cfg['eval_iters'] < 2:
+        raise UserError("a sweep chooses rates on half of the validation batches, and a comparison at chosen rates is "
+                        "scored on the other half; give --eval_iters of at least 2.")
     seeds = [cfg['seed'] + i for i in range(cfg['seeds'])]
     fresh = [seeds[-1] + 1 + i for i in range(cfg['seeds'])] if grid else []  # a sweep's verdict: the seeds after
     for v in variants:
@@ -164,9 +164,6 @@ def learning_rates(cfg):
         given = f"--lrs='{cfg['lrs']}'" if cfg['lrs'] else f"--lr_grid around learning_rate={cfg['learning_rate']:g}"
         raise UserError(f"a sweep's rates must be finite and above 0, but {given} gives {min(rates):g} to "
                         f"{max(rates):g}.")
-    if rates and cfg['eval_iters'] < 2:
-        raise UserError("a learning-rate sweep chooses on half of the validation batches and reports on the other "
-                        "half; give --eval_iters of at least 2.")
     return rates
 
 
@@ -384,6 +381,18 @@ def train_all(todo, slots, threads, overwrite, pbar, finished=lambda runs: None)
     return [done[r.dir] for r in todo]
 
 
+def shapes_of(cfg, runs, variants):
+    """Per variant its model's parameter counts and scale (from its first run's settings, on the meta device)."""
+    models = {v: meta_model(next(r for r in runs if r.variant == v).settings, cfg['data_dir']) for v in variants}
+    return {v: {'params': m.param_report(), 'scale': scale_counts(m)} for v, m in models.items()}
+
+
+def scored_by(comp):
+    """How a comparison scores an evaluation: a sweep, and a comparison at chosen rates, on the half of the validation
+    windows no choice reads (report.REPORT_HALF); else on all of them."""
+    return report.REPORT_HALF if comp['grid'] or any(comp['rates'].values()) else report.WHOLE
+
+
 class Curves:
     """The curves while a comparison trains: loss.png redrawn from the runs finished so far (written whole, as every
     file, at most every EVERY seconds) and their partial table on stderr. A sweep's grid step draws each variant at
@@ -409,14 +418,10 @@ class Curves:
             return
         self.last = time.time()
         base = self.comp['baseline'] if self.comp['baseline'] in variants else variants[0]
-        shapes = {v: {'params': m.param_report(), 'scale': scale_counts(m)} for v in variants
-                  for m in [meta_model(next(r for r in done if r.variant == v).settings, self.cfg['data_dir'])]}
         head = dict(baseline=base, seeds=sorted({r.seed for r in done}), variants=variants, dataset=self.cfg['dataset'],
                     settings={}, rates={v: next(r.lr or self.cfg['learning_rate'] for r in done if r.variant == v)
                                         for v in variants})
-        # scored as the final report will be: a sweep's, or one at tuned rates, on the half no choice reads
-        tuned = self.comp['grid'] or any(self.comp['rates'].values())
-        summary, by_variant = report.summarize(head, done, shapes, report.REPORT_HALF if tuned else report.WHOLE)
+        summary, by_variant = report.summarize(head, done, shapes_of(self.cfg, done, variants), scored_by(self.comp))
         plots.loss(os.path.join(self.cfg['out_dir'], 'loss.png'), summary, by_variant, self.cfg['smooth'])
         self.pbar.write(f"compare: so far, {len(done)} finished run(s) (loss.png drawn; the report follows at the "
                         f"end):\n{report.table(summary)}", file=sys.stderr)
@@ -425,7 +430,7 @@ class Curves:
 def run_size(cfg, runs):
     """What placing these runs needs to know: the largest one's FLOPs per training step and estimated memory."""
     sizes = []
-    for r in runs:
+    for r in {r.variant: r for r in runs}.values():  # the runs of a variant differ in seed and rate only
         model = meta_model(r.settings, cfg['data_dir'])
         tokens = r.settings['batch_size'] * r.settings['block_size'] * r.settings['gradient_accumulation_steps']
         sizes.append((model.flops_per_token() * tokens, memory_needs(r.settings, model.config)[2]))
@@ -507,15 +512,12 @@ def write_report(cfg, comp, runs, fresh):
     if not comp['grid']:  # each variant's rate, and a line on those without a tuned one
         head.update(rates={v: r or cfg['learning_rate'] for v, r in comp['rates'].items()},
                     untuned=[v for v, r in comp['rates'].items() if r is None], untuned_note=comp['untuned'])
-    models = {v: meta_model(next(r for r in runs if r.variant == v).settings, cfg['data_dir'])
-              for v in comp['variants']}
-    shapes = {v: {'params': m.param_report(), 'scale': scale_counts(m)} for v, m in models.items()}
+    shapes = shapes_of(cfg, runs, comp['variants'])
     if comp['grid']:
         head['tuned_at'] = tuning_key(cfg)
         summary, by_variant = report.summarize_sweep(head, runs, fresh, shapes, best_rates(runs), cfg['learning_rate'])
-    else:  # at tuned rates: scored as the sweep that tuned them, on the half of the windows no choice reads
-        summary, by_variant = report.summarize(head, runs, shapes, report.REPORT_HALF if any(comp['rates'].values())
-                                               else report.WHOLE)
+    else:
+        summary, by_variant = report.summarize(head, runs, shapes, scored_by(comp))
     if summary['damaged_lines']:
         print("compare: damaged log lines set aside (not JSON records as train.py writes them): " + ', '.join(
             f"{n} in {path}" for path, n in summary['damaged_lines'].items()), file=sys.stderr)

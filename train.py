@@ -103,6 +103,7 @@ def set_up(cfg, checkpoint):
     r = SimpleNamespace(cfg=cfg, out_dir=cfg['out_dir'], ckpt_path=os.path.join(cfg['out_dir'], ckpt_io.CKPT))
     r.hw = hw = device.setup(cfg['device'], cfg['dtype'])
     r.master, r.autocast = hw.rank == 0, device.autocast(hw.device_type, hw.dtype)  # only the master writes
+    r.peak = device.peak_flops(hw.device_type, hw.dtype, cfg['peak_flops'])  # for MFU
     if checkpoint is None and os.path.exists(r.ckpt_path) and not cfg['overwrite']:
         raise UserError(f"{r.ckpt_path} already exists; resume it with --init_from=resume, choose another --out_dir, "
                         f"or pass --overwrite=True to replace it.")
@@ -196,10 +197,9 @@ def log_record(r, steps, dt, lr, grad_norm):
     """A log line's record from the window's per-step losses (a non-finite one stops the run)."""
     check_finite_losses(steps[:, :2], r.iter_num, r.kept())
     total, ce, aux, z = steps[-1].tolist()
-    peak = device.peak_flops(r.hw.device_type, r.hw.dtype, r.cfg['peak_flops'])
     record = {'iter': r.iter_num, 'tokens': r.tokens, 'lr': lr, 'loss': ce, 'ms': dt * 1000.0,
               'tok_s': r.tokens_per_iter / dt, 'batch_hash': r.loader.batch_hash,
-              'mfu': r.raw_model.estimate_mfu(r.tokens_per_iter // r.hw.world_size, dt, peak) if peak else None}
+              'mfu': r.raw_model.estimate_mfu(r.tokens_per_iter // r.hw.world_size, dt, r.peak) if r.peak else None}
     if r.raw_model.config.n_expert > 0:
         record.update(loss_total=total, aux=aux, z=z)
     if grad_norm is not None:  # not finite where float16's loss scaler skips a step (and lowers its scale)
