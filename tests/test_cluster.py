@@ -191,7 +191,8 @@ def test_plan_lists_every_run_with_every_setting(planned):
     # seed by seed (the runs side by side are different variants: each variant compiles once)
     dirs = [os.path.join(planned['elsewhere'], v, f'seed{s}') for s in (1337, 1338) for v in ('gelu', 'moa')]
     for line, d in zip(lines, dirs):
-        assert line.startswith(f'OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 {sys.executable} {runs.TRAIN_PY} --')
+        assert line.startswith(f'OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 {sys.executable} '
+                               f'{runs.TRAIN_PY} --')
         assert f'--out_dir={d} ' in line and os.path.isabs(d)
         assert all(f' --{k}=' in line for k in DEFAULTS)  # every setting explicit
         assert '--init_from=scratch' in line and '--overwrite=False' in line
