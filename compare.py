@@ -15,6 +15,7 @@ and refuses other settings unless --overwrite=True. Writes summary.md, summary.j
 """
 from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
+import json
 import math
 import os
 import signal
@@ -428,11 +429,11 @@ class Curves:
 
 
 def run_size(cfg, runs):
-    """What placing these runs needs to know: the largest one's FLOPs per training step and estimated memory."""
+    """What placing these runs needs to know: the largest one's FLOPs per micro-step and estimated memory."""
     sizes = []
     for r in {r.variant: r for r in runs}.values():  # the runs of a variant differ in seed and rate only
         model = meta_model(r.settings, cfg['data_dir'])
-        tokens = r.settings['batch_size'] * r.settings['block_size'] * r.settings['gradient_accumulation_steps']
+        tokens = r.settings['batch_size'] * r.settings['block_size']  # a micro-step's: it sets the kernels' sizes
         sizes.append((model.flops_per_token() * tokens, memory_needs(r.settings, model.config)[2]))
     return max(sizes)
 
@@ -451,7 +452,8 @@ def train_missing(cfg, comp, runs):
         placement.print_plan([command_line(r.spec, START[r.state]) for r in todo], len(runs), cfg['threads'],
                            plan_rounds(cfg, comp))
         return None
-    gpus, jobs, at_once = placement.resolve_jobs(cfg, len(todo), *run_size(cfg, todo)) if todo else ([], cfg['jobs'], '')
+    gpus, jobs, threads, at_once = (placement.resolve_jobs(cfg, len(todo), *run_size(cfg, todo)) if todo else
+                                    ([], cfg['jobs'], cfg['threads'], ''))
     check_writable(cfg['out_dir'], create=True)
     per = sorted({len({r.lr for r in runs if r.variant == v}) for v in {r.variant for r in runs}})  # rates per variant
     rates = f" x {per[0]}{'' if len(per) == 1 else f'-{per[-1]}'} rates" if per[-1] > 1 else ''
@@ -470,7 +472,7 @@ def train_missing(cfg, comp, runs):
                        file=sys.stderr)
     curves = Curves(cfg, comp, [r for r in runs if r.state in FINISHED], pbar,
                     one_rate=len({r.lr for r in runs if r.variant == runs[0].variant}) > 1)
-    trained = {r.dir: r for r in train_all(todo, placement.placement(jobs, gpus, cfg['nproc_per_run']), cfg['threads'],
+    trained = {r.dir: r for r in train_all(todo, placement.placement(jobs, gpus, cfg['nproc_per_run']), threads,
                                            cfg['overwrite'], pbar, curves.draw)}
     pbar.close()
     return [trained.get(r.dir, r) for r in runs]
@@ -529,6 +531,9 @@ def write_report(cfg, comp, runs, fresh):
         by_dir = {r.dir: r for r in runs + fresh}
         first_seed = {v: by_dir[s['runs'][0]['dir']] for v, s in summary['variants'].items()}
         summary['acts'] = acts.compare_acts(cfg['out_dir'], first_seed, cfg['data_dir'])
+        # what the runs ran on, as each try's first log line names it (torch, CUDA, cuDNN, the device)
+        summary['ran_on'] = [json.loads(e) for e in sorted({json.dumps(x['env']) for r in runs + fresh
+                                                            for x in r.records if 'env' in x})]
         write_json(os.path.join(cfg['out_dir'], 'summary.json'), summary)
         report.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), summary)
     print('\n' + report.table(summary))

@@ -45,10 +45,12 @@ TRAIN_DEFAULTS = dict(
     min_lr=6e-5,
     # system
     device='auto',  # 'auto' (cuda, then mps, then cpu) | 'cpu' | 'cuda' | 'cuda:N' | 'mps'
-    dtype='auto',  # 'auto' (bfloat16 where supported, else float32) | 'float32' | 'bfloat16' | 'float16'
+    dtype='auto',  # 'auto' (CUDA: bfloat16 at compute capability 8.0+, else float16; float32 elsewhere) | 'float32' |
+    # 'bfloat16' | 'float16'
     compile=None,  # None = auto: on for CUDA, off elsewhere (--compile=True compiles on a CPU too)
     compile_mode='regional',  # 'regional' (each Block compiled; one graph serves every layer) | 'whole' (the GPT)
     peak_flops=0.0,  # FLOP/s for MFU; 0 = the GPU's dense peak for the dtype, by its name (device.PEAK_FLOPS), else null
+    threads=0,  # torch's CPU threads; 0 = OMP_NUM_THREADS where set, else half the cores (device.set_threads)
     seed=1337,
     # Weights & Biases (nanoGPT's keys; wandb is imported only when wandb_log is on)
     wandb_log=False,  # log every log.jsonl record to wandb too (WANDB_MODE=offline works without network)
@@ -157,12 +159,15 @@ def memory_needs(cfg, c):
     of its peak. The bound: 16 bytes a parameter (fp32 weights, gradients and AdamW's two moments; min_params), RoPE's
     fp32 tables (cos and sin, block_size x head size / 2, in every layer), and what a batch certainly holds, its fp32
     logits and the int64 validation windows (inputs and targets). The estimate adds the activations kept for
-    backward, about 34·d bytes a token and layer in 16-bit, twice that in fp32 (Korthikanti et al. 2022, "Reducing
-    Activation Recomputation in Large Transformer Models", with flash attention's memory)."""
+    backward: 34·d bytes a token and layer in 16-bit (Korthikanti et al. 2022, "Reducing Activation Recomputation in
+    Large Transformer Models", with flash attention's memory), less its two 1-byte dropout masks, plus 4·d as the two
+    norms' inputs are the fp32 residual stream under autocast: 36·d; in fp32, 64·d (32·d of 16-bit values, doubled).
+    At GPT-2 small's shape (bench.py, batch 16 x 1024, bf16) that is 9.98 GiB against a measured peak of 10.55 GiB
+    (BENCHMARKS.md, GPU); other shapes are not measured."""
     model = 16 * min_params(c) + (4 * c.n_layer * c.block_size * (c.n_embd // c.n_head) if c.pos == 'rope' else 0)
     batch = cfg['batch_size'] * cfg['block_size'] * (4 * c.padded_vocab_size + 16 * cfg['eval_iters'])
-    activations = cfg['batch_size'] * cfg['block_size'] * c.n_layer * 34 * c.n_embd * (
-        2 if cfg['dtype'] == 'float32' else 1)
+    activations = cfg['batch_size'] * cfg['block_size'] * c.n_layer * c.n_embd * (
+        64 if cfg['dtype'] == 'float32' else 36)
     return model, batch, model + batch + activations
 
 
@@ -210,7 +215,7 @@ def check(cfg):
                 'log_interval', 'n_layer', 'n_head', 'n_embd'):
         if cfg[key] < 1:
             raise UserError(f"--{key} must be at least 1, got {cfg[key]}.")
-    for key in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'vocab_size'):
+    for key in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'vocab_size', 'threads'):
         if cfg[key] < 0:
             raise UserError(f"--{key} must not be negative, got {cfg[key]}.")
     if not 0.0 <= cfg['decay_frac'] <= 1.0:

@@ -29,14 +29,16 @@ DEFAULTS = dict(
     top_k=200,  # keep only the top_k most likely tokens; 0 = no limit
     seed=1337,
     device='auto',  # 'auto' (cuda, then mps, then cpu) | 'cpu' | 'cuda' | 'cuda:N' | 'mps'
-    dtype='auto',  # 'auto' (bfloat16 on CUDA where supported, else float32) | 'float32' | 'bfloat16' | 'float16'
+    dtype='auto',  # 'auto' (CUDA: bfloat16 at compute capability 8.0+, else float16; float32 elsewhere) | 'float32' |
+    # 'bfloat16' | 'float16'
+    threads=0,  # torch's CPU threads; 0 = OMP_NUM_THREADS where set, else half the cores
 )
 SEPARATOR = '---------------'
 
 
 def check(cfg):
-    if cfg['num_samples'] < 1 or cfg['max_new_tokens'] < 0 or cfg['top_k'] < 0:
-        raise UserError("--num_samples must be at least 1, and --max_new_tokens and --top_k not negative.")
+    if cfg['num_samples'] < 1 or min(cfg['max_new_tokens'], cfg['top_k'], cfg['threads']) < 0:
+        raise UserError("--num_samples must be at least 1, and --max_new_tokens, --top_k and --threads not negative.")
     # 0 is greedy; far below 1e-3 the logits / temperature overflow float32 (and NaN is no temperature at all)
     if not (cfg['temperature'] == 0 or 1e-3 <= cfg['temperature'] < float('inf')):
         raise UserError(f"--temperature must be 0 (greedy) or a finite number of at least 0.001, got "
@@ -52,9 +54,9 @@ def main(argv):
                                                  "point --out_dir at a run's directory.")
     meta = checkpoint.get('meta')
     ckpt_path = os.path.join(cfg['out_dir'], CKPT)
-    where = device.resolve_device(cfg['device'])
-    device_type = where.split(':')[0]
-    dtype = device.resolve_dtype(cfg['dtype'], device_type)
+    hw = device.setup(cfg['device'], cfg['dtype'])  # the dtype is the chosen GPU's, not the current one's
+    where, device_type, dtype = hw.device, hw.device_type, hw.dtype
+    threads = device.set_threads(cfg['threads'])
     torch.manual_seed(cfg['seed'])
 
     model = checkpoint_model(checkpoint, ckpt_path).eval().to(where)
@@ -71,7 +73,8 @@ def main(argv):
         raise UserError("the prompt is empty; give at least one character with --start (the default is a newline).")
     x = torch.tensor(start_ids, dtype=torch.long, device=where)[None, ...]
     print(f"sampling {cfg['num_samples']} x {cfg['max_new_tokens']} tokens from {ckpt_path} "
-          f"(iteration {checkpoint['iter_num']}, {meta.get('tokenizer')} tokenizer) on {where}", file=sys.stderr)
+          f"(iteration {checkpoint['iter_num']}, {meta.get('tokenizer')} tokenizer) on {where}, {dtype}, {threads}",
+          file=sys.stderr)
 
     with torch.no_grad(), device.autocast(device_type, dtype):
         for _ in range(cfg['num_samples']):

@@ -84,12 +84,13 @@ def evaluate(model, val_batches, autocast, hw):
     """Mean cross-entropy over the fixed validation batches, split across processes, in eval mode, and the means over
     their first and second halves (so that one half can choose a setting and the other report it)."""
     model.eval()
-    n, total = len(val_batches), torch.zeros(4, device=hw.device, dtype=torch.float64)  # [sum, count] of each half
+    n, dtype = len(val_batches), device.sum_dtype(hw.device_type)
+    total = torch.zeros(4, device=hw.device, dtype=dtype)  # [sum, count] of each half
     for i in range(hw.rank, n, hw.world_size):
         with autocast:
             _, loss, _ = model(*val_batches[i])
         half = 2 * int(i >= n // 2)
-        total[half:half + 2] += torch.stack([loss.double(), torch.ones_like(loss, dtype=torch.float64)])
+        total[half:half + 2] += torch.stack([loss.to(dtype), torch.ones_like(loss, dtype=dtype)])
     if hw.ddp:
         dist.all_reduce(total)
     model.train()
@@ -102,6 +103,8 @@ def set_up(cfg, checkpoint):
     (from the checkpoint when resuming), then the run directory, opened only once everything has been checked."""
     r = SimpleNamespace(cfg=cfg, out_dir=cfg['out_dir'], ckpt_path=os.path.join(cfg['out_dir'], ckpt_io.CKPT))
     r.hw = hw = device.setup(cfg['device'], cfg['dtype'])
+    r.threads = device.set_threads(cfg['threads'])  # before compiling: Inductor's C++ kernels take the count then
+    r.env = device.environment(hw)  # named in the first log line this process writes
     r.master, r.autocast = hw.rank == 0, device.autocast(hw.device_type, hw.dtype)  # only the master writes
     r.peak = device.peak_flops(hw.device_type, hw.dtype, cfg['peak_flops'])  # for MFU
     if checkpoint is None and os.path.exists(r.ckpt_path) and not cfg['overwrite']:
@@ -149,7 +152,7 @@ def set_up(cfg, checkpoint):
               f"{r.tokens_per_iter:,} tokens per iteration ({hw.world_size} process(es) x {r.accumulation} "
               f"accumulation steps x {cfg['batch_size']} x {cfg['block_size']})")
         print('parameters: ' + ', '.join(f"{k} {v:,}" for k, v in r.raw_model.param_report().items()))
-        print(f"device {hw.device}, dtype {hw.dtype}, compile {r.compiled}"
+        print(f"device {hw.device}, dtype {hw.dtype}, {r.threads}, compile {r.compiled}"
               + (f" ({cfg['compile_mode']}, cache {device.compile_cache_dir()})" if r.compiled else '')
               + (f", resuming at iteration {r.iter_num}" if checkpoint else ''))
     return r
@@ -224,6 +227,8 @@ def add_evaluation(r, record):
 
 def write_log(r, record):
     if r.master:
+        if r.env:
+            record['env'], r.env = r.env, None
         append_log(os.path.join(r.out_dir, LOG), record)
         r.log_lines += 1
         if r.wandb_run is not None:  # the same record, at the same iteration

@@ -3,6 +3,8 @@ The hardware choices of a run, in one place: its set-up (device, precision, DDP 
 (regional, with its on-disk cache), and the accelerator's peak FLOP/s for MFU.
 """
 import os
+import platform
+import sys
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -28,7 +30,8 @@ def resolve_device(name, mps=True):
     if name == 'auto':
         name = 'cuda' if torch.cuda.is_available() else 'mps' if mps and torch.backends.mps.is_available() else 'cpu'
     kind, colon, index = name.partition(':')
-    if kind not in ('cpu', 'cuda', 'mps') or (colon and not (kind == 'cuda' and index.isdigit())):
+    # isascii: '²' and '０' pass isdigit() but name no GPU
+    if kind not in ('cpu', 'cuda', 'mps') or (colon and not (kind == 'cuda' and index.isascii() and index.isdigit())):
         raise UserError(f"--device expects auto, cpu, cuda, cuda:N or mps, got '{name}'.")
     if kind == 'cuda' and not torch.cuda.is_available():
         raise UserError("--device=cuda but no CUDA GPU is available here; use --device=cpu (or auto).")
@@ -37,6 +40,24 @@ def resolve_device(name, mps=True):
     if kind == 'mps' and not torch.backends.mps.is_available():
         raise UserError("--device=mps but MPS is not available here; use --device=cpu (or auto).")
     return 'cuda:0' if name == 'cuda' else name
+
+
+def usable_cores():
+    """The CPU cores this process may use (a Slurm job's or taskset's, not the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+
+
+def set_threads(threads):
+    """Set torch's CPU threads: --threads, else OMP_NUM_THREADS where set (torchrun and compare.py set it), else half
+    the cores. torch's own default, a thread per core, spins in OpenMP's wait and runs many times slower beside any
+    other busy process (a browser, a second run): BENCHMARKS.md, "CPU threads". Returns what was chosen, in words."""
+    cores, why = usable_cores(), '--threads'
+    if not threads:
+        env = os.environ.get('OMP_NUM_THREADS', '')
+        threads, why = (int(env), 'OMP_NUM_THREADS') if env.isascii() and env.isdigit() and int(env) > 0 else (
+            max(1, cores // 2), 'half the cores, the default; --threads sets it')
+    torch.set_num_threads(threads)
+    return f"{threads} CPU thread(s) of {cores} cores ({why})"
 
 
 def memory_bytes(name, free=False):
@@ -49,13 +70,17 @@ def memory_bytes(name, free=False):
 
 
 def resolve_dtype(name, device_type):
-    """'auto' is bfloat16 on a CUDA GPU that supports it, float32 elsewhere."""
+    """'auto' is bfloat16 on a CUDA GPU that runs it natively (compute capability 8.0 and newer), float16 (with the
+    loss scaler) on an older one, float32 elsewhere. Asked of the current GPU without emulation: torch's default
+    answer is True on a T4 or V100 too, which only emulate bfloat16, slowly."""
+    native = device_type == 'cuda' and torch.cuda.is_bf16_supported(including_emulation=False)
     if name == 'auto':
-        return 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+        return 'float32' if device_type != 'cuda' else 'bfloat16' if native else 'float16'
     if name not in DTYPES:
         raise UserError(f"--dtype expects auto, float32, bfloat16 or float16, got '{name}'.")
-    if name == 'bfloat16' and device_type == 'cuda' and not torch.cuda.is_bf16_supported():
-        raise UserError("this GPU does not support bfloat16; use --dtype=float16 (with loss scaling) or float32.")
+    if name == 'bfloat16' and device_type == 'cuda' and not native:
+        raise UserError("this GPU (compute capability below 8.0) only emulates bfloat16, slowly; use --dtype=float16 "
+                        "(train.py scales the loss) or float32.")
     return name
 
 
@@ -83,12 +108,32 @@ def setup(device, dtype, mps=True):
     rank, local_rank, world_size = 0, 0, 1
     if ddp:
         rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
+        if device.startswith('cuda:'):
+            raise UserError(f"--device={device} under torchrun: each process takes the GPU of its LOCAL_RANK; pass "
+                            f"--device=cuda, and choose the GPUs with CUDA_VISIBLE_DEVICES.")
         name = f'cuda:{local_rank}' if name.startswith('cuda') else name
-        dist.init_process_group(backend='nccl' if name.startswith('cuda') else 'gloo')
+        # device_id binds the group to this rank's GPU at once (NCCL then need not guess it)
+        dist.init_process_group(backend='nccl' if name.startswith('cuda') else 'gloo',
+                                device_id=torch.device(name) if name.startswith('cuda') else None)
     if name.startswith('cuda'):  # so RNG state, bf16 support and the peak-FLOPs lookup refer to this GPU
         torch.cuda.set_device(torch.device(name))
         torch.set_float32_matmul_precision('high')  # TF32 matmuls for float32 work
     return Compute(name, resolve_dtype(dtype, name.split(':')[0]), ddp, rank, local_rank, world_size)
+
+
+def sum_dtype(device_type):
+    """The dtype sums of many losses are kept in: float64, but MPS has none (float32 errs far below a loss's noise)."""
+    return torch.float32 if device_type == 'mps' else torch.float64
+
+
+def environment(hw):
+    """What a run ran on, for its log: torch's version (its build after '+') and commit, the CUDA and cuDNN versions
+    where there are any, the device's name, and torch's CPU threads."""
+    cuda = hw.device_type == 'cuda'
+    return {'torch': torch.__version__, 'torch_commit': torch.version.git_version[:12], 'cuda': torch.version.cuda,
+            'cudnn': torch.backends.cudnn.version() if cuda else None, 'threads': torch.get_num_threads(),
+            'device': torch.cuda.get_device_name(hw.device) if cuda else f"{hw.device_type} "
+                                                                          f"{platform.processor() or platform.machine()}"}
 
 
 @contextmanager
@@ -128,6 +173,8 @@ def peak_flops(device_type, dtype, override):
     if device_type != 'cuda':
         return None
     name = torch.cuda.get_device_name()
+    if 'MIG' in name:  # a slice of the GPU named, with a fraction of its SMs: the whole GPU's peak would be wrong
+        return None
     return next(((low if dtype != 'float32' else tf32) for key, low, tf32 in PEAK_FLOPS if key in name), None)
 
 

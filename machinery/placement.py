@@ -28,40 +28,46 @@ def visible_gpus():
     return names[:n]
 
 
-MAX_SHARE = 8  # runs on one GPU at the most
-# a training step of fewer FLOPs than this takes a few milliseconds of a current GPU's matmul peak: the Python that
-# launches its kernels sets its pace, not the GPU, so several such runs share one GPU at little cost to each
+# Runs on one GPU at the most. Not yet measured: without NVIDIA's MPS the kernels of several processes take turns on
+# the GPU rather than run at once, so what sharing gains is the time each run's Python spends between its launches.
+MAX_SHARE = 8
+# a micro-step of fewer FLOPs than this (its kernels' sizes, whatever the accumulation) takes a few milliseconds of a
+# current GPU's matmul peak: the Python that launches its kernels sets its pace, not the GPU
 SHARE_BELOW_FLOPS = 1e12
+CONTEXT_BYTES = 0.5 * 2**30  # an estimate of each process's CUDA context and cuBLAS/cuDNN workspaces (0.3-0.6 GiB)
 
 
 def resolve_jobs(cfg, n_runs, step_flops, need_bytes):
     """Where n_runs runs of a comparison train and how many at a time: (GPUs to place them on by CUDA_VISIBLE_DEVICES,
-    runs at a time, a line saying so). On GPUs, --jobs or one run per nproc_per_run GPUs, and several per GPU for
-    one-process runs whose step (step_flops) is too small to fill it and whose memory estimate (need_bytes) fits, up
-    to MAX_SHARE and one CPU core each; --device=cuda:N runs them all on that GPU (each run's own set-up, no
-    placement). On a CPU, --jobs or one run per --threads cores per process (tiny models train fastest so), else 1."""
+    runs at a time, each run's CPU threads (0: the environment's), a line saying so). On GPUs, --jobs or one run per
+    nproc_per_run GPUs, and several per GPU for one-process runs whose micro-step (step_flops) is too small to fill it
+    and whose memory estimate (need_bytes, and a CUDA context each) fits, up to MAX_SHARE, each with its share of the
+    CPU cores; --device=cuda:N runs them all on that GPU (each run's own set-up, no placement). On a CPU, --jobs or
+    one run per --threads cores per process (tiny models train fastest so), else 1."""
     import torch
-    device, nproc = cfg['device'], cfg['nproc_per_run']
+    from machinery.device import usable_cores
+    device, nproc, threads = cfg['device'], cfg['nproc_per_run'], cfg['threads']
     gpus = visible_gpus() if device in ('auto', 'cuda') else []
     n_gpus = len(gpus) or int(device.startswith('cuda:'))
-    # the cores this process may use (a Slurm job's or taskset's)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+    cores = usable_cores()
     if not n_gpus:
-        jobs = cfg['jobs'] or (max(1, cores // (cfg['threads'] * nproc)) if cfg['threads'] else 1)
-        return [], jobs, f"{min(jobs, n_runs)} at a time"
+        jobs = cfg['jobs'] or (max(1, cores // (threads * nproc)) if threads else 1)
+        return [], jobs, threads, f"{min(jobs, n_runs)} at a time"
     if nproc > n_gpus:
         raise UserError(f"--nproc_per_run={nproc} needs {nproc} GPUs per run but {n_gpus} are visible; lower it.")
     where = f"GPU{'s' * (n_gpus > 1)} {','.join(gpus) or device.partition(':')[2]}"
     if cfg['jobs']:
-        return gpus, cfg['jobs'], f"{min(cfg['jobs'], n_runs)} at a time on {where} (--jobs)"
+        return gpus, cfg['jobs'], threads, f"{min(cfg['jobs'], n_runs)} at a time on {where} (--jobs)"
     total = torch.cuda.get_device_properties(int(device.partition(':')[2] or 0)).total_memory
-    per_gpu = min(MAX_SHARE, max(1, cores // n_gpus), int(0.9 * total // need_bytes))
+    per_gpu = min(MAX_SHARE, max(1, cores // n_gpus), int(0.9 * total // (need_bytes + CONTEXT_BYTES)))
     if nproc > 1 or step_flops >= SHARE_BELOW_FLOPS or per_gpu < 2:
-        return gpus, n_gpus // nproc, f"{min(n_gpus // nproc, n_runs)} at a time on {where}"
-    return gpus, per_gpu * n_gpus, (
-        f"{min(per_gpu * n_gpus, n_runs)} at a time on {where}, up to {per_gpu} per GPU: a step of {step_flops:.2g} "
-        f"FLOPs is too small to fill a GPU, and each run needs about {need_bytes / 2**30:.2g} GiB of its "
-        f"{total / 2**30:.0f} GiB; --jobs sets the number")
+        return gpus, n_gpus // nproc, threads, f"{min(n_gpus // nproc, n_runs)} at a time on {where}"
+    threads = threads or max(1, cores // (per_gpu * n_gpus))  # so that the runs beside each other share the cores
+    return gpus, per_gpu * n_gpus, threads, (
+        f"{min(per_gpu * n_gpus, n_runs)} at a time on {where}, up to {per_gpu} per GPU, {threads} CPU thread(s) each: "
+        f"a micro-step of {step_flops:.2g} FLOPs is too small to fill a GPU, and each run needs about "
+        f"{(need_bytes + CONTEXT_BYTES) / 2**30:.2g} GiB of its {total / 2**30:.0f} GiB (an estimate, with its CUDA "
+        f"context); --jobs sets the number")
 
 
 def placement(slots, gpus, nproc):
@@ -79,8 +85,10 @@ def gpu_env(gpus):
 
 
 def thread_env(threads):
-    """The thread count of a run's OpenMP and MKL pools (0: the environment's own)."""
-    return {'OMP_NUM_THREADS': str(threads), 'MKL_NUM_THREADS': str(threads)} if threads else {}
+    """The thread count of a run's OpenMP and MKL pools and of Inductor's compile workers, which would otherwise start
+    one per core in every run (0: the environment's own)."""
+    keys = ('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'TORCHINDUCTOR_COMPILE_THREADS')
+    return {k: str(threads) for k in keys} if threads else {}
 
 
 def print_plan(commands, n_runs, threads, rounds):

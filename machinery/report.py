@@ -374,7 +374,9 @@ def write_markdown(path, summary):
                 else '')
              + (f" Untuned: {summary['untuned_note']}" if summary.get('untuned_note') else '')
              + (" Logs: the same batches per seed (batch_hash), the same validation windows (val_hash)." if same else ''),
-             '', 'Settings: ' + ', '.join(f'{k}={v}' for k, v in summary['settings'].items()), '', table(summary), '',
+             '', 'Settings: ' + ', '.join(f'{k}={v}' for k, v in summary['settings'].items()), '',
+             'Ran on: ' + ('; '.join(', '.join(f'{k} {v}' for k, v in e.items() if v is not None)
+                                     for e in summary.get('ran_on', [])) or 'not recorded'), '', table(summary), '',
              f"Final val loss: the last evaluation's. Δ: the difference to {summary['baseline']}, paired by seed (same "
              f"batches); resolved: a paired t-test at 95% (Student's t, n−1 dof). tok/s: median over log lines; train "
              f"time: optimizer steps only, {times_note(summary)}. params: total (tied embedding once); FFN: "

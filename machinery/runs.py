@@ -19,9 +19,10 @@ from machinery.files import read_json
 from machinery.run_log import LOG, STOPPED, read_log_lines
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')  # the repo's
-# where a run lives, how it starts, whether it is compiled (the same losses within float rounding) and the FLOP/s its
-# MFU is measured against: not what it is
-NOT_IDENTITY = ('out_dir', 'data_dir', 'init_from', 'overwrite', 'compile', 'compile_mode', 'peak_flops')
+# where a run lives, how it starts, its CPU threads, whether it is compiled (the same losses within float rounding) and
+# the FLOP/s its MFU is measured against: not what it is
+NOT_IDENTITY = ('out_dir', 'data_dir', 'init_from', 'overwrite', 'compile', 'compile_mode', 'peak_flops',
+                'threads')
 PLAN = 'compare.json'  # compare.py's plan of a run it started or listed: its settings, before any checkpoint
 TRAIN_OUT = 'train.out'  # the output of every try compare.py started, each after its `$ command` line
 FINISHED = ('done', 'stopped')  # states that are results: reused, never trained again

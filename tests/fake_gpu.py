@@ -3,7 +3,8 @@ tested on a CPU too (PyTorch Lightning tests its GPU selection on CPU-only CI th
 
 Only the CUDA runtime's lowest calls are stubbed: the torch._C functions a CUDA build defines (device count, init,
 set and get the current device) and the runtime module's cudaMemGetInfo. Everything above them is torch's own Python
-(argument checks, lazy initialisation, device counting, properties, bf16 support), which runs as it does on a GPU.
+(argument checks, lazy initialisation, device counting, properties, bf16 support, with emulation or without), which
+runs as it does on a GPU.
 Nothing can be placed on such a GPU; a model's forward on one runs under torch's FakeTensorMode.
 """
 import types
@@ -27,11 +28,11 @@ FAKE = types.SimpleNamespace(props=[], current=0, set_device_calls=[])
 
 def install(monkeypatch, n=1, name='NVIDIA H100 80GB HBM3', total_gib=80.0, free_gib=None, capability=(9, 0)):
     """Make torch.cuda see n GPUs (n counts those this process sees, after CUDA_VISIBLE_DEVICES) of the model `name`,
-    each of total_gib GiB with free_gib free (all of it unless given), of compute capability `capability`. Returns
-    the record of torch._C._cuda_setDevice's calls. monkeypatch undoes it all at the test's end."""
-    FAKE.props = [types.SimpleNamespace(name=name, total_memory=int(total_gib * 2**30), major=capability[0],
-                                        minor=capability[1], multi_processor_count=132, is_integrated=False)
-                  for _ in range(n)]
+    each of total_gib GiB with free_gib free (all of it unless given), of compute capability `capability` (or a list,
+    one per GPU). Returns the record of torch._C._cuda_setDevice's calls. monkeypatch undoes it all at the test's end."""
+    capabilities = capability if isinstance(capability, list) else [capability] * n
+    FAKE.props = [types.SimpleNamespace(name=name, total_memory=int(total_gib * 2**30), major=major, minor=minor,
+                                        multi_processor_count=132, is_integrated=False) for major, minor in capabilities]
     FAKE.current, FAKE.set_device_calls = 0, []
     free = [int((total_gib if free_gib is None else free_gib) * 2**30)] * n
 
@@ -58,6 +59,7 @@ def install(monkeypatch, n=1, name='NVIDIA H100 80GB HBM3', total_gib=80.0, free
     monkeypatch.setattr(torch.cuda, '_lazy_seed_tracker', type(torch.cuda._lazy_seed_tracker)())
     monkeypatch.setattr(torch.cuda, 'default_generators', ())
     monkeypatch.setattr(torch.cuda, '_get_device_properties', None, raising=False)
-    torch.cuda._check_bf16_tensor_supported.cache_clear()
-    monkeypatch.setattr(torch.cuda, '_check_bf16_tensor_supported', torch.cuda._check_bf16_tensor_supported)
+    # is_bf16_supported() answers from the capability at 8.0 and newer; below, by making a bf16 tensor on the GPU,
+    # which every CUDA card can (it emulates bf16 arithmetic): True, as torch says on a real T4 or V100
+    monkeypatch.setattr(torch.cuda, '_check_bf16_tensor_supported', lambda device: True)
     return FAKE.set_device_calls

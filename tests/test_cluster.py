@@ -67,7 +67,7 @@ def four_gpus(fake_gpu, monkeypatch, sixteen_cores):
 
 
 def test_eight_runs_on_four_gpus_are_two_per_gpu(four_gpus):
-    gpus, jobs, _ = placement.resolve_jobs(dict(compare.DEFAULTS, device='auto', jobs=8), 8, *LARGE)
+    gpus, jobs, _, _ = placement.resolve_jobs(dict(compare.DEFAULTS, device='auto', jobs=8), 8, *LARGE)
     assert gpus == four_gpus and jobs == 8
     envs = [placement.gpu_env(gpus_of_slot) for gpus_of_slot in placement.placement(jobs, gpus, 1)]
     assert all(e['CUDA_VISIBLE_DEVICES'] in four_gpus for e in envs)  # exactly one GPU each
@@ -94,14 +94,14 @@ def test_tiny_runs_share_a_gpu_and_large_ones_have_one_each(fake_gpu, sixteen_co
     names = [str(i) for i in range(n_gpus)]
     cfg = dict(compare.DEFAULTS, device='auto', jobs=0)
     per_gpu = min(placement.MAX_SHARE, 16 // n_gpus)
-    gpus, jobs, why = placement.resolve_jobs(cfg, 99, *SMALL)
+    gpus, jobs, _, why = placement.resolve_jobs(cfg, 99, *SMALL)
     assert (gpus, jobs) == (names, per_gpu * n_gpus) and f'up to {per_gpu} per GPU' in why and '--jobs' in why
     slots = placement.placement(jobs, gpus, 1)
     assert collections.Counter(placement.gpu_env(g)['CUDA_VISIBLE_DEVICES'] for g in slots) == {g: per_gpu for g in names}
     assert placement.resolve_jobs(cfg, 99, *LARGE)[:2] == (names, n_gpus)
     assert placement.resolve_jobs(cfg, 99, SMALL[0], 60 * 2**30)[:2] == (names, n_gpus)  # two would not fit in 80 GiB
     # one GPU named: no placement (each run's own set-up picks the GPU), the same rule for how many at a time
-    gpus, jobs, why = placement.resolve_jobs({**cfg, 'device': f'cuda:{n_gpus - 1}'}, 99, *SMALL)
+    gpus, jobs, _, why = placement.resolve_jobs({**cfg, 'device': f'cuda:{n_gpus - 1}'}, 99, *SMALL)
     assert (gpus, jobs) == ([], min(placement.MAX_SHARE, 16)) and f'GPU {n_gpus - 1}' in why
     assert placement.placement(jobs, gpus, 1) == [None] * jobs
 
@@ -191,7 +191,8 @@ def test_plan_lists_every_run_with_every_setting(planned):
     # seed by seed (the runs side by side are different variants: each variant compiles once)
     dirs = [os.path.join(planned['elsewhere'], v, f'seed{s}') for s in (1337, 1338) for v in ('gelu', 'moa')]
     for line, d in zip(lines, dirs):
-        assert line.startswith(f'OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 {sys.executable} {runs.TRAIN_PY} --')
+        assert line.startswith(f'OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 {sys.executable} '
+                               f'{runs.TRAIN_PY} --')
         assert f'--out_dir={d} ' in line and os.path.isabs(d)
         assert all(f' --{k}=' in line for k in DEFAULTS)  # every setting explicit
         assert '--init_from=scratch' in line and '--overwrite=False' in line

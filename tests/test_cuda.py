@@ -8,7 +8,9 @@ What they establish on the GPU, where the CPU tests cannot look:
   and the compiled bf16 MoE GPT has no graph break;
 - the optimizer is fused AdamW and steps like the unfused one;
 - a 20-step compare.py of a dense and an MoE variant on synthetic shards, compiled in bf16, shares the GPU, trains
-  both runs, logs an MFU between 0 and 1, and learns.
+  both runs, logs an MFU between 0 and 1, learns, and names the GPU, CUDA and cuDNN in its summary;
+- train.py in float16 with the loss scaler learns; a run resumed on CUDA continues to bf16's rounding of an
+  uninterrupted one; sample.py samples on CUDA.
 """
 import json
 import os
@@ -148,20 +150,62 @@ def test_optimizer_is_fused_adamw_and_steps_like_the_unfused_one():
         assert rel_err(a, b) < 1e-4, name
 
 
-def test_a_20_step_compare_of_a_dense_and_an_moe_variant_trains_both_on_one_gpu(tmp_path):
-    """compare.py, gelu and moa_glu as an MoE x 1 seed x 20 iterations, on the GPU with its defaults (bf16, compiled,
-    runs placed by their size), on synthetic shards: a fixed random sequence of period 61 repeated, which a model can
-    learn in 20 steps."""
+ITOS = [chr(0x4e00 + i) for i in range(VOCAB)]  # a char vocabulary, so that sample.py can decode
+
+
+def synthetic(tmp_path):
+    """A data_dir holding synthetic shards: a fixed random sequence of period 61 repeated, learnt in 20 steps."""
     folder = tmp_path / 'data' / 'synthetic'
     folder.mkdir(parents=True)
     period = np.random.default_rng(0).integers(0, VOCAB, 61)
     write_shard(str(folder / 'train_000.bin'), np.tile(period, 2000))
     write_shard(str(folder / 'val_000.bin'), np.tile(period, 200))
-    (folder / 'meta.json').write_text(json.dumps({'tokenizer': 'synthetic', 'vocab_size': VOCAB}))
+    (folder / 'meta.json').write_text(json.dumps({'tokenizer': 'char', 'vocab_size': VOCAB, 'itos': ITOS}))
+    return tmp_path / 'data'
+
+
+SMALL = ['--dataset=synthetic', '--device=cuda', '--n_layer=2', '--n_head=4', '--n_embd=128', '--block_size=128',
+         '--batch_size=16', '--eval_iters=4', '--warmup_iters=2', '--learning_rate=3e-3', '--min_lr=3e-4',
+         '--lr_decay_iters=20', '--log_interval=5', '--eval_interval=10']
+
+
+def train(*args):
+    p = subprocess.run([sys.executable, 'train.py', *SMALL, *args], cwd=REPO, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p
+
+
+def test_float16_with_the_loss_scaler_learns_and_a_cuda_resume_continues_the_run(tmp_path):
+    """float16 (a T4's or V100's precision) steps with the scaler; a bf16 run stopped at 10 and resumed to 20
+    ends where the uninterrupted one does, to bf16's rounding (some CUDA kernels are not deterministic); sample.py
+    runs on CUDA."""
+    data = synthetic(tmp_path)
+    half = tmp_path / 'fp16'
+    train(f'--data_dir={data}', f'--out_dir={half}', '--dtype=float16', '--max_iters=20')
+    log = [json.loads(line) for line in open(half / 'log.jsonl')]
+    assert log[-1]['iter'] == 20 and log[-1]['val_loss'] < log[0]['val_loss'] - 0.5  # it learned
+    ckpt = torch.load(half / 'ckpt.pt', map_location='cpu', weights_only=True)
+    assert ckpt['config']['dtype'] == 'float16' and ckpt['scaler']['scale'] > 0  # the scaler ran and was saved
+    whole, parts = tmp_path / 'whole', tmp_path / 'parts'
+    train(f'--data_dir={data}', f'--out_dir={whole}', '--max_iters=20')
+    train(f'--data_dir={data}', f'--out_dir={parts}', '--max_iters=10')
+    train(f'--out_dir={parts}', '--init_from=resume', '--max_iters=20')
+    final = lambda d: [json.loads(line) for line in open(d / 'log.jsonl')][-1]['val_loss']
+    assert abs(final(parts) - final(whole)) < 0.02 * final(whole)
+    p = subprocess.run([sys.executable, 'sample.py', f'--out_dir={parts}', '--device=cuda', '--num_samples=1',
+                        '--max_new_tokens=20', f'--start={ITOS[0]}'], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and 'on cuda:0, bfloat16' in p.stderr, p.stderr[-3000:]
+
+
+def test_a_20_step_compare_of_a_dense_and_an_moe_variant_trains_both_on_one_gpu(tmp_path):
+    """compare.py, gelu and moa_glu as an MoE x 1 seed x 20 iterations, on the GPU with its defaults (bf16, compiled,
+    runs placed by their size), on synthetic shards."""
+    data = synthetic(tmp_path)
     out = tmp_path / 'cmp'
     variants = ('gelu', 'moa_glu:n_expert=4')
     # the default comparison's config is read first (CPU settings): every setting that matters is given here
-    cmd = [sys.executable, 'compare.py', '--seed=1337', f'--data_dir={tmp_path / "data"}', '--dataset=synthetic', f'--out_dir={out}',
+    cmd = [sys.executable, 'compare.py', '--seed=1337', f'--data_dir={data}', '--dataset=synthetic', f'--out_dir={out}',
            '--device=cuda', '--compile=auto', '--dtype=auto', f'--variants={",".join(variants)}', '--seeds=1',
            '--lrs=', '--jobs=0', '--threads=0', '--max_iters=20', '--lr_decay_iters=20', '--eval_interval=10',
            '--log_interval=5', '--eval_iters=4', '--warmup_iters=2', '--learning_rate=3e-3', '--min_lr=3e-4',
@@ -181,5 +225,7 @@ def test_a_20_step_compare_of_a_dense_and_an_moe_variant_trains_both_on_one_gpu(
     assert logs['gelu'][-1]['batch_hash'] == logs['moa_glu:n_expert=4'][-1]['batch_hash']  # the same batches
     summary = json.loads((out / 'summary.json').read_text())
     assert set(summary['variants']) == set(variants)
+    assert [e['device'] for e in summary['ran_on']] == [torch.cuda.get_device_name()]
+    assert summary['ran_on'][0]['cuda'] == torch.version.cuda and summary['ran_on'][0]['cudnn'] is not None
     ckpt = torch.load(out / 'gelu' / 'seed1337' / 'ckpt.pt', map_location='cpu', weights_only=True)
     assert ckpt['compiled'] is True and ckpt['config']['dtype'] == 'auto'

@@ -62,18 +62,82 @@ def test_a_named_gpu_of_several_is_the_one_set_up(fake_gpu):
 def test_under_torchrun_each_rank_takes_its_local_gpu_and_joins_nccl(fake_gpu, monkeypatch):
     devices_set = fake_gpu(n=4)
     joined = []
-    monkeypatch.setattr(dist, 'init_process_group', lambda backend: joined.append(backend))
+    monkeypatch.setattr(dist, 'init_process_group', lambda **kw: joined.append(kw))
     for key, value in dict(RANK=6, LOCAL_RANK=2, WORLD_SIZE=8).items():
         monkeypatch.setenv(key, str(value))
     assert device.setup('cuda', 'auto') == Compute('cuda:2', 'bfloat16', ddp=True, rank=6, local_rank=2, world_size=8)
-    assert joined == ['nccl'] and devices_set == [2]
+    assert joined == [dict(backend='nccl', device_id=torch.device('cuda:2'))] and devices_set == [2]
+    with pytest.raises(UserError, match=r'--device=cuda:1 under torchrun: each process takes the GPU of its LOCAL_RANK'):
+        device.setup('cuda:1', 'auto')  # refused, not silently replaced by cuda:2
+    assert len(joined) == 1
 
 
-def test_dtype_auto_is_bfloat16_where_the_gpu_has_it(fake_gpu):
-    fake_gpu(name='Tesla V100-SXM2-32GB', capability=(7, 0))  # Volta: no bfloat16
-    assert device.setup('cuda', 'auto').dtype == 'float32'
-    with pytest.raises(UserError, match='does not support bfloat16'):
-        device.setup('cuda', 'bfloat16')
+@pytest.mark.parametrize('name, capability, auto', [
+    ('Tesla V100-SXM2-32GB', (7, 0), 'float16'), ('Tesla T4', (7, 5), 'float16'),
+    ('NVIDIA A100-SXM4-80GB', (8, 0), 'bfloat16'), ('NVIDIA GeForce RTX 3090', (8, 6), 'bfloat16'),
+    ('NVIDIA L4', (8, 9), 'bfloat16'), ('NVIDIA H100 80GB HBM3', (9, 0), 'bfloat16'),
+    ('NVIDIA B200', (10, 0), 'bfloat16'), ('NVIDIA GeForce RTX 5090', (12, 0), 'bfloat16')])
+def test_dtype_auto_is_what_the_gpu_runs_natively(fake_gpu, name, capability, auto):
+    """bfloat16 from compute capability 8.0; below, float16 with the loss scaler. The fake answers is_bf16_supported
+    as torch does on the real card: True on every one with emulation, so asking with it would pick bf16 on a T4."""
+    fake_gpu(name=name, capability=capability)
+    assert torch.cuda.is_bf16_supported()  # with emulation, as torch answers on any CUDA GPU
+    assert device.setup('cuda', 'auto').dtype == auto
+    assert device.setup('cuda', 'float16').dtype == 'float16'
+    if auto == 'float16':
+        with pytest.raises(UserError, match=r'only emulates bfloat16, slowly; use --dtype=float16'):
+            device.setup('cuda', 'bfloat16')
+    else:
+        assert device.setup('cuda', 'bfloat16').dtype == 'bfloat16'
+
+
+@pytest.mark.parametrize('name', ['cuda:²', 'cuda:０', 'cuda:١', 'cuda:', 'cuda:-1', 'cuda:0x1'])
+def test_a_gpu_index_of_other_than_ascii_digits_is_refused_in_a_sentence(fake_gpu, capsys, name):
+    """'²' and '０' pass str.isdigit(); int('²') raises and torch.device refuses 'cuda:０' later, with tracebacks."""
+    import train
+    from machinery.cli import run_cli
+    fake_gpu(n=2)
+    with pytest.raises(SystemExit) as e:
+        run_cli(train.main, [f'--device={name}', '--max_iters=0'])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and 'Traceback' not in err
+    assert f"--device expects auto, cpu, cuda, cuda:N or mps, got '{name}'." in err and err.count('\n') == 1
+
+
+def test_sample_takes_the_dtype_of_the_gpu_it_names_and_its_threads(fake_gpu, monkeypatch, capsys):
+    """On a machine with an H100 as cuda:0 and a T4 as cuda:1, --device=cuda:1 samples in float16, not in the bfloat16
+    of the current GPU; --threads sets torch's threads and the start-up line says so."""
+    import sample
+    fake_gpu(n=2, capability=[(9, 0), (7, 5)])
+    set_up = []
+    monkeypatch.setattr(sample, 'load_checkpoint', lambda *a: {'meta': {}})
+    monkeypatch.setattr(sample.device, 'setup', lambda *a, real=device.setup: set_up.append(real(*a)) or set_up[-1])
+    monkeypatch.setattr(sample, 'checkpoint_model', lambda *a: 1 / 0)  # stop before a tensor goes to the fake GPU
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(ZeroDivisionError):
+            sample.main(['--device=cuda:1', '--threads=1'])
+        assert set_up == [Compute('cuda:1', 'float16')] and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_cpu_threads_are_half_the_cores_unless_told(monkeypatch):
+    """A thread per core, torch's default, stalls beside any other busy process (BENCHMARKS.md, CPU threads)."""
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+    try:
+        assert device.set_threads(0) == '2 CPU thread(s) of 4 cores (half the cores, the default; --threads sets it)'
+        assert torch.get_num_threads() == 2
+        assert device.set_threads(3) == '3 CPU thread(s) of 4 cores (--threads)' and torch.get_num_threads() == 3
+        monkeypatch.setenv('OMP_NUM_THREADS', '1')  # as torchrun and compare.py set it
+        assert device.set_threads(0) == '1 CPU thread(s) of 4 cores (OMP_NUM_THREADS)'
+        monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0}, raising=False)
+        monkeypatch.setenv('OMP_NUM_THREADS', '')
+        assert device.set_threads(0).startswith('1 CPU thread(s) of 1 cores (half')
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize('name, bf16, tf32', [
@@ -95,6 +159,24 @@ def test_peak_flops_are_the_gpu_models_own_in_the_runs_precision(fake_gpu, name,
     assert device.peak_flops('cuda', 'float32', 0) == tf32  # float32 matmuls run in TF32
     assert device.peak_flops('cuda', 'float32', 123e12) == 123e12
     assert device.peak_flops('cpu', 'float32', 0) is None
+
+
+def test_a_mig_slice_has_no_mfu_rather_than_the_whole_gpus(fake_gpu):
+    """A MIG slice has a fraction of the GPU's SMs: against the whole H100's peak its MFU would read up to 7x low."""
+    fake_gpu(name='NVIDIA H100 80GB HBM3 MIG 1g.10gb', total_gib=10)
+    device.setup('cuda', 'auto')
+    assert device.peak_flops('cuda', 'bfloat16', 0) is None
+    assert device.peak_flops('cuda', 'bfloat16', 120e12) == 120e12  # --peak_flops, the user's figure for the slice
+
+
+def test_the_run_records_what_it_ran_on(fake_gpu, monkeypatch):
+    fake_gpu(name='NVIDIA L4', capability=(8, 9))
+    monkeypatch.setattr(torch.version, 'cuda', '12.8')
+    monkeypatch.setattr(torch.backends.cudnn, 'version', lambda: 91002)
+    env = device.environment(device.setup('cuda', 'auto'))
+    assert env['device'] == 'NVIDIA L4' and env['cuda'] == '12.8' and env['cudnn'] == 91002
+    assert env['torch'] == torch.__version__ and env['torch_commit'] == torch.version.git_version[:12]
+    assert device.environment(Compute('cpu', 'float32'))['cudnn'] is None
 
 
 def test_the_memory_check_reads_the_gpus_total_then_what_is_free(fake_gpu, shakespeare_char_dir):
@@ -119,7 +201,7 @@ class FakeRun:
     """Stands in for a train.py subprocess: records its command and GPUs, and exits at the first poll."""
 
     def __init__(self, cmd, env, started):
-        self.cmd, self.gpus, self.returncode = cmd, env.get('CUDA_VISIBLE_DEVICES'), None
+        self.cmd, self.gpus, self.env, self.returncode = cmd, env.get('CUDA_VISIBLE_DEVICES'), env, None
         started.append(self)
 
     def poll(self):
@@ -143,9 +225,30 @@ def place(argv, monkeypatch, data_dir, tmp_path):
 
 def test_a_tiny_comparison_shares_one_gpu_and_says_so(fake_gpu, monkeypatch, shakespeare_char_dir, tmp_path):
     fake_gpu(n=1)
-    started, err = place(['--seeds=4', '--device=cuda'], monkeypatch, shakespeare_char_dir, tmp_path)
+    started, err = place(['--seeds=4', '--device=cuda', '--threads=0'], monkeypatch, shakespeare_char_dir, tmp_path)
     assert [r.gpus for r in started] == ['0'] * 8
-    assert '8 to train, 8 at a time on GPU 0, up to 8 per GPU: a step of' in err and 'too small to fill a GPU' in err
+    assert ('8 to train, 8 at a time on GPU 0, up to 8 per GPU, 2 CPU thread(s) each: a micro-step of' in err
+            and 'too small to fill a GPU' in err and 'with its CUDA context' in err)
+    # 16 cores shared by 8 runs: 2 threads each, and as many Inductor compile workers, not one per core each
+    assert all(r.env['OMP_NUM_THREADS'] == r.env['TORCHINDUCTOR_COMPILE_THREADS'] == '2' for r in started)
+
+
+def test_sharing_a_gpu_tests_a_micro_steps_flops_and_counts_each_runs_cuda_context(fake_gpu, monkeypatch,
+                                                                                  shakespeare_char_dir):
+    """A micro-step sets the kernels' sizes: accumulation makes a step longer, not the GPU fuller. Each process holds
+    its own CUDA context beside its model."""
+    from machinery import placement
+    data_dir = shakespeare_char_dir
+    fake_gpu(n=1, total_gib=10)
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(16)), raising=False)
+    cfg = {**compare.DEFAULTS, 'device': 'cuda', 'jobs': 0}
+    need = 0.5 * 2**30  # with its context each needs 1 GiB: 9 of the 10 GiB hold 9, MAX_SHARE allows 8
+    assert placement.resolve_jobs(cfg, 99, 1e11, need)[1] == 8
+    assert placement.resolve_jobs(cfg, 99, 1e11, 1.5 * 2**30)[1] == 4  # 2 GiB each: 4, where 1.5 GiB alone fits 6
+    cfg = compare.settings([*TINY, '--gradient_accumulation_steps=1000', f'--data_dir={data_dir}', '--device=cuda'])
+    runs = compare.grid_runs(cfg, compare.check_comparison(cfg))
+    per_micro_step = max(configurator.meta_model(r.settings, data_dir).flops_per_token() * 4 * 32 for r in runs)
+    assert compare.run_size(cfg, runs)[0] == per_micro_step  # batch 4 x 32 tokens, whatever the accumulation
 
 
 def test_runs_of_a_large_model_take_a_gpu_each_on_eight(fake_gpu, monkeypatch, shakespeare_char_dir, tmp_path):
@@ -253,3 +356,58 @@ def test_every_variant_runs_forward_on_cuda_under_bf16_autocast(variant, n_exper
             logits, loss, parts = gpt(x, x)
     assert logits.device.type == 'cuda' and logits.dtype == torch.bfloat16  # matmuls in bf16
     assert loss.device.type == 'cuda' and loss.dtype == torch.float32 and parts['aux'].dtype == torch.float32
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# what a run ran on, and its sums where float64 is missing
+
+
+class MpsWithoutFloat64(torch.overrides.TorchFunctionMode):
+    """A stand-in for MPS, which has no float64: tensors asked for on 'mps' are made on the CPU, and any float64
+    result raises as MPS does."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = {k: 'cpu' if k == 'device' and str(v) == 'mps' else v for k, v in (kwargs or {}).items()}
+        out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and out.dtype == torch.float64:
+            raise TypeError("Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn't support float64")
+        return out
+
+
+def test_evaluation_sums_without_float64_on_mps():
+    import train
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=65))
+    batches = [(torch.randint(65, (2, 16)), torch.randint(65, (2, 16))) for _ in range(4)]
+    on_cpu = train.evaluate(gpt, batches, contextlib.nullcontext(), Compute('cpu', 'float32'))
+    with MpsWithoutFloat64():
+        on_mps = train.evaluate(gpt, batches, contextlib.nullcontext(), Compute('mps', 'float32'))
+    assert on_mps[0] == pytest.approx(on_cpu[0], rel=1e-6) and on_mps[1] == pytest.approx(on_cpu[1], rel=1e-6)
+
+
+def test_each_try_and_each_summary_names_what_it_ran_on(shakespeare_char_dir, tmp_path, capsys):
+    """The first log line of every try of a run (a resume may run elsewhere) and the comparison's summary; the
+    start-up lines of train.py and sample.py say the threads chosen."""
+    import sample
+    import train
+    from machinery.run_log import read_log_lines
+    out = tmp_path / 'run'
+    args = [*TINY[:10], f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--device=cpu', '--compile=False']
+    threads = torch.get_num_threads()
+    try:
+        train.main([*args, '--max_iters=2', '--eval_interval=2'])
+        train.main([*args, '--max_iters=4', '--eval_interval=2', '--init_from=resume', '--threads=1'])
+        assert 'device cpu, dtype float32, 1 CPU thread(s) of' in capsys.readouterr().out
+        sample.main([f'--out_dir={out}', '--device=cpu', '--max_new_tokens=2', '--threads=1'])
+        assert 'on cpu, float32, 1 CPU thread(s) of' in capsys.readouterr().err
+        compare.main([*TINY, f'--data_dir={shakespeare_char_dir}', f'--out_dir={tmp_path / "cmp"}', '--device=cpu',
+                      '--max_iters=2', '--eval_interval=2', '--seeds=1'])
+    finally:
+        torch.set_num_threads(threads)
+    records, _ = read_log_lines(str(out / 'log.jsonl'))
+    assert [r['iter'] for r in records if 'env' in r] == [0, 4]  # the first line of each try
+    env = records[0]['env']
+    assert env['torch'] == torch.__version__ and env['device'].startswith('cpu') and env['cuda'] == torch.version.cuda
+    summary = json.loads((tmp_path / 'cmp' / 'summary.json').read_text())
+    assert summary['ran_on'] == [env]  # both runs, one machine
+    assert f"Ran on: torch {torch.__version__}, torch_commit" in (tmp_path / 'cmp' / 'summary.md').read_text()

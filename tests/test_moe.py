@@ -71,25 +71,50 @@ def test_grouped_mm_equals_per_expert_loop(ffn):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_the_grouped_matmul_is_torchs_public_one_or_on_hopper_its_private_one(fake_gpu, monkeypatch):
-    """torch.nn.functional.grouped_mm (torch 2.10+) takes fp32 and bf16 on a CPU and bf16 on CUDA; torch 2.8-2.9 have
-    only torch._grouped_mm, for CUDA bf16 on compute capability 9.0 and newer; everything else takes the loop."""
+# (torch version, CUDA capability): one kernel? torch 2.8's _grouped_mm raises off 9.0; from 2.10 the CUTLASS kernel
+# runs on sm90 and sm100, and F.grouped_mm loops over the groups with a host sync elsewhere
+PAIRS = [((2, 8), (9, 0), True), ((2, 8), (10, 0), False), ((2, 8), (12, 0), False), ((2, 8), (8, 0), False),
+         ((2, 9), (9, 0), True), ((2, 9), (10, 0), False), ((2, 10), (9, 0), True), ((2, 10), (10, 0), True),
+         ((2, 13), (10, 3), True), ((2, 13), (12, 0), False), ((2, 13), (8, 9), False), ((2, 13), (8, 0), False),
+         ((2, 13), (7, 5), False), ((2, 7), (9, 0), False)]
+
+
+@pytest.mark.parametrize("version, capability, ok", PAIRS)
+def test_the_grouped_matmul_runs_as_one_kernel_only_where_torch_has_one(fake_gpu, monkeypatch, version, capability, ok):
+    """The dispatch on fake CUDA operands of each (torch version, capability) pair: bf16 only, 16-byte aligned rows."""
     from machinery import grouped_matmul
     from torch._subclasses.fake_tensor import FakeTensorMode
-    a, w = torch.randn(8, 16), torch.randn(2, 16, 16)
-    assert grouped_matmul._grouped_mm_ok(a, w) == hasattr(F, "grouped_mm")
-    assert not grouped_matmul._grouped_mm_ok(a, w[:, :, :3])  # rows of 12 bytes: not 16-byte aligned
-    monkeypatch.setattr(grouped_matmul, "PUBLIC", False)
-    monkeypatch.setattr(grouped_matmul, "GROUPED_MM", torch._grouped_mm)
-    assert not grouped_matmul._grouped_mm_ok(a, w)
+    monkeypatch.setattr(grouped_matmul, "TORCH", version)
+    monkeypatch.setattr(grouped_matmul.one_kernel, "__defaults__", (None, version))
+    fake_gpu(capability=capability)
     with FakeTensorMode():  # shapes, dtypes and devices only: no GPU needed
-        cuda = lambda t, dtype: torch.empty(t.shape, dtype=dtype, device="cuda")
-        for capability, ok in (((9, 0), True), ((8, 0), False)):
-            fake_gpu(capability=capability)
-            assert grouped_matmul._grouped_mm_ok(cuda(a, torch.bfloat16), cuda(w, torch.bfloat16)) == ok
-            assert not grouped_matmul._grouped_mm_ok(cuda(a, torch.float32), cuda(w, torch.float32))
+        cuda = lambda shape, dtype: torch.empty(shape, dtype=dtype, device="cuda")
+        assert grouped_matmul._grouped_mm_ok(cuda((8, 16), torch.bfloat16), cuda((2, 16, 16), torch.bfloat16)) == ok
+        for dtype in (torch.float16, torch.float32):
+            assert not grouped_matmul._grouped_mm_ok(cuda((8, 16), dtype), cuda((2, 16, 16), dtype))
+        assert not grouped_matmul._grouped_mm_ok(cuda((8, 16), torch.bfloat16), cuda((2, 16, 3), torch.bfloat16))
+
+
+def test_the_grouped_matmul_on_a_cpu_is_torchs_public_one_from_2_10(monkeypatch):
+    from machinery import grouped_matmul
+    a, w = torch.randn(8, 16), torch.randn(2, 16, 16)
+    assert grouped_matmul._grouped_mm_ok(a, w) == (grouped_matmul.TORCH >= (2, 10))
+    assert not grouped_matmul._grouped_mm_ok(a, w[:, :, :3])  # rows of 12 bytes: not 16-byte aligned
+    assert not grouped_matmul._grouped_mm_ok(a.double(), w.double())
+    assert not grouped_matmul.one_kernel("cpu", torch.float32, version=(2, 9))  # only torch._grouped_mm: CUDA
     monkeypatch.setattr(grouped_matmul, "GROUPED_MM", None)  # torch 2.6-2.7
     assert not grouped_matmul._grouped_mm_ok(a, w)
+
+
+def test_the_backward_reads_the_weights_in_place(monkeypatch):
+    """No copy of every expert's weights per call: backward hands expert_mm the transposed view of w itself."""
+    from machinery import grouped_matmul
+    real, seen = grouped_matmul.expert_mm, []
+    monkeypatch.setattr(grouped_matmul, "expert_mm", lambda a, w, offs, grouped: seen.append(w) or real(a, w, offs,
+                                                                                                          grouped))
+    a, w = torch.randn(8, 16, requires_grad=True), torch.randn(2, 16, 32, requires_grad=True)
+    real(a, w, torch.tensor([3, 8], dtype=torch.int32), True).sum().backward()
+    assert len(seen) == 1 and seen[0].untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
 
 
 def routed_batch(moe, preferred):
