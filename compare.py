@@ -24,12 +24,13 @@ import sys
 import time
 
 import configurator
-from configurator import (TYPES, check, check_variants, memory_needs, meta_model, scale_counts, variant_rates,
-                          variant_settings)
+from configurator import (TYPES, at_rate, check, check_variants, memory_needs, meta_model, scale_counts,
+                          variant_rates, variant_settings)
 from machinery import acts, ladder, placement, plots, report, stats
 from machinery.cli import RunStopped, UserError, parse_args, raise_terminated, run_cli, split_list
 from machinery.device import compile_cache_dir, resolve_device, resolve_dtype
-from machinery.files import HELD, LOCK, LOCK_FD_ENV, check_writable, ctrl_c_held, try_lock_run_dir, write_json
+from machinery.files import (HELD, LOCK, LOCK_FD_ENV, check_writable, ctrl_c_held, remove_dead_temps,
+                             try_lock_run_dir, write_json)
 from machinery.progress import progress_bar
 from machinery.run_log import LOG, clear_stopped, parse_record
 from machinery.runs import FINISHED, PLAN, TRAIN_OUT, command_line, identifies, make_run, scan, tuning_key
@@ -97,11 +98,16 @@ def tuned_rates(cfg, variants, own, overrides):
         return rates, None
     why = ('no tuned rate' if not any(v in tuned for v in untuned) or cfg['tuned_at'] == here else
            f"rates tuned at other settings (tuned_at {cfg['tuned_at'] or 'empty'}, these settings {here})")
-    # the sweep repeats what makes the runs what they are (and where their data is), not how this command runs them
+    # the sweep repeats what makes the runs what they are (and where their data is), not how this command runs them,
+    # nor its seed: the sweep chooses on seeds of its own. At another learning_rate than its config's, it sweeps a
+    # grid around it (the config's rates need not include it).
     key = lambda a: a[2:].partition('=')[0].replace('-', '_')
-    repeated = lambda a: key(a) in ('variants', 'data_dir') or key(a) in configurator.DEFAULTS and identifies(key(a))
+    repeated = lambda a: (key(a) in ('variants', 'data_dir', 'nproc_per_run') or key(a) in configurator.DEFAULTS
+                          and identifies(key(a)) and key(a) != 'seed')
     plain = lambda a: f"--variants={','.join(variant_rates(a[11:], 'variants'))}" if a.startswith('--variants=') else a
-    sweep = (f"python compare.py {cfg['tuned_by']}" + ''.join(f' {plain(a)}' for a in overrides if repeated(a))
+    args = [plain(a) for a in overrides or [] if repeated(a)]
+    args += ['--lr_grid=2'] if any(key(a) == 'learning_rate' for a in args) else []
+    sweep = (f"python compare.py {cfg['tuned_by']}" + ''.join(f' {a}' for a in args)
              if cfg['tuned_by'] and overrides is not None else "the same command with a sweep, e.g. --lr_grid=2")
     return rates, (f"{', '.join(untuned)} run{'s' * (len(untuned) == 1)} untuned, at the shared learning_rate "
                    f"{report.fmt_rate(cfg['learning_rate'])} ({why}); `{sweep}` tunes "
@@ -127,6 +133,9 @@ def check_comparison(cfg, overrides=None):
         raise UserError(f"--smooth must be in [0, 1), got {cfg['smooth']}.")
     if cfg['init_from'] != 'scratch':
         raise UserError("compare.py resumes cut-off runs by itself; drop --init_from.")
+    if cfg['max_iters'] < 1 or not cfg['always_save_checkpoint']:
+        raise UserError("a comparison's run is done once its checkpoint is at max_iters, so give --max_iters of at "
+                        "least 1 and keep --always_save_checkpoint=True.")
     if not (cfg['plan'] or cfg['report']):  # the runs train on this machine: a device it lacks is said now, and a
         resolve_device(cfg['device'])  # dtype name (bfloat16 support is each run's to check, on its own GPU)
         resolve_dtype(cfg['dtype'], 'cpu')
@@ -140,8 +149,10 @@ def check_comparison(cfg, overrides=None):
                         "scored on the other half; give --eval_iters of at least 2.")
     seeds = [cfg['seed'] + i for i in range(cfg['seeds'])]
     fresh = [seeds[-1] + 1 + i for i in range(cfg['seeds'])] if grid else []  # a sweep's verdict: the seeds after
-    for v in variants:
-        check({**cfg, **variant_settings(v), 'seed': (fresh or seeds)[-1]})  # what train.py would refuse, said now
+    for v in variants:  # what train.py would refuse, said now, at each rate the variant runs at
+        for lr in grid or [rates[v]]:
+            check({**cfg, **variant_settings(v), **(at_rate(cfg, lr) if lr is not None else {}),
+                   'seed': (fresh or seeds)[-1]})
     return dict(variants=variants, seeds=seeds, fresh_seeds=fresh, baseline=baseline, grid=grid, rates=rates,
                 untuned=untuned)
 
@@ -484,6 +495,7 @@ def run_comparison(cfg, comp, runs):
     comp: check_comparison(cfg); runs: grid_runs(cfg, comp). Returns the summary (None after --plan)."""
     t0 = time.time()
     check_dataset(cfg)
+    remove_dead_temps(cfg['out_dir'])  # a picture whose redraw a kill cut off
     if comp['untuned'] and not cfg['report']:
         print(f"compare: {comp['untuned']}", file=sys.stderr)
     if (runs := train_missing(cfg, comp, runs)) is None:

@@ -17,7 +17,7 @@ import torch
 
 from data.tokenizer import get_tokenizer
 from machinery import device
-from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint
+from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint, loading
 from machinery.cli import UserError, parse_args, read_text, run_cli
 
 DEFAULTS = dict(
@@ -52,7 +52,6 @@ def main(argv):
     check(cfg)
     checkpoint = load_checkpoint(cfg['out_dir'], "train one first (python train.py config/shakespeare_char.py) or "
                                                  "point --out_dir at a run's directory.")
-    meta = checkpoint.get('meta')
     ckpt_path = os.path.join(cfg['out_dir'], CKPT)
     hw = device.setup(cfg['device'], cfg['dtype'])  # the dtype is the chosen GPU's, not the current one's
     where, device_type, dtype = hw.device, hw.device_type, hw.dtype
@@ -61,7 +60,8 @@ def main(argv):
 
     model = checkpoint_model(checkpoint, ckpt_path).eval().to(where)
 
-    tok = get_tokenizer(meta)  # raises a UserError if the start text has characters outside a char vocabulary
+    with loading(ckpt_path):
+        tok, iter_num = get_tokenizer(checkpoint['meta']), checkpoint['iter_num']
     # a model trained with --vocab_size above its tokenizer's has ids that decode to nothing; the loader keeps them out
     # of the training data, so they are never sampled either
     model.config.vocab_size = min(model.config.vocab_size, tok.vocab_size)
@@ -73,7 +73,7 @@ def main(argv):
         raise UserError("the prompt is empty; give at least one character with --start (the default is a newline).")
     x = torch.tensor(start_ids, dtype=torch.long, device=where)[None, ...]
     print(f"sampling {cfg['num_samples']} x {cfg['max_new_tokens']} tokens from {ckpt_path} "
-          f"(iteration {checkpoint['iter_num']}, {meta.get('tokenizer')} tokenizer) on {where}, {dtype}, {threads}",
+          f"(iteration {iter_num}, {checkpoint['meta'].get('tokenizer')} tokenizer) on {where}, {dtype}, {threads}",
           file=sys.stderr)
 
     with torch.no_grad(), device.autocast(device_type, dtype):

@@ -37,14 +37,17 @@ class DatasetNotPrepared(UserError):
 
 def open_loader(dataset, block_size, batch_size, seed, data_dir="data", rank=0, world_size=1, prepare=True):
     """A DataLoader, preparing a bundled dataset (BUNDLED) first where it is not prepared yet and prepare is set (of
-    several processes, one prepares while the others wait: train.py's rank 0); any other dataset that is not prepared
-    is refused, with the command that prepares it."""
+    several processes, one prepares while the others wait: train.py's rank 0), never over shards it did not write; any
+    other dataset that is not prepared is refused, with the command that prepares it."""
     try:
         return DataLoader(dataset, block_size, batch_size, seed, rank, world_size, data_dir)
     except DatasetNotPrepared:
         if dataset not in BUNDLED or not prepare:
             raise
     out = os.path.join(data_dir, dataset)
+    if shard_paths(out, "train") + shard_paths(out, "val"):  # without meta.json: not shards a preparation finished
+        raise UserError(f"{out} holds shards but no meta.json, so they are not a dataset prepared there and preparing "
+                        f"{dataset} would replace them; move them away, or point --data_dir at another folder.")
     print(f"preparing the bundled dataset {dataset} into {out} (once, seconds)", file=sys.stderr)
     p = subprocess.run([sys.executable, os.path.join(DATA_DIR, dataset, "prepare.py"), f"--out_dir={out}"],
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -128,14 +131,15 @@ class DataLoader:
     def vocab_size(self):
         return self.meta["vocab_size"]
 
+    def _windows(self, k):
+        """Micro-batch number k of the shared training stream, as a (batch_size, block_size + 1) array."""
+        return self.train.sample(np.random.default_rng([TRAIN_STREAM, self.seed, k]), self.batch_size)
+
     def next_batch(self):
         """The next training micro-batch of this rank: (x, y) int64 tensors of shape (batch_size, block_size)."""
-        k = self.rank + self.world_size * self.step  # its number in the shared stream
-        rng = np.random.default_rng([TRAIN_STREAM, self.seed, k])
-        windows = self.train.sample(rng, self.batch_size)
+        windows = self._windows(self.rank + self.world_size * self.step)  # its number in the shared stream
         self.step += 1
-        # a hash chain over the raw windows: equal hashes mean the same batches in the same order
-        self.batch_hash = hashlib.sha256(bytes.fromhex(self.batch_hash) + windows.tobytes()).hexdigest()
+        self.batch_hash = chain(self.batch_hash, windows)
         return _to_xy(windows)
 
     def val_batches(self, n_batches):
@@ -147,18 +151,34 @@ class DataLoader:
 
     def state_dict(self):
         return {"dataset": self.dataset, "seed": self.seed, "batch_size": self.batch_size,
-                "block_size": self.block_size, "world_size": self.world_size, "step": self.step,
+                "block_size": self.block_size, "rank": self.rank, "world_size": self.world_size, "step": self.step,
                 "batch_hash": self.batch_hash}
 
-    def load_state_dict(self, state):
-        """Continues the stream exactly where the saved loader stopped, re-split if the world size changed."""
+    def load_state_dict(self, state, tokens):
+        """Continues the stream exactly where the saved loader stopped, re-split if the world size changed, once its
+        position is proven, since an exact resume is promised: the run's token count (tokens) says how many
+        micro-batches all its processes drew, and those of the saved rank, drawn again, hash to its batch_hash."""
         for key in ("dataset", "seed", "batch_size", "block_size"):
             if state[key] != getattr(self, key):
-                raise UserError(f"cannot resume the data stream: it was saved with {key}={state[key]!r} but this run "
-                                f"has {key}={getattr(self, key)!r}; resume with the same {key}.")
+                raise ValueError(f"its data stream was saved with {key}={state[key]!r} but this run has "
+                                 f"{key}={getattr(self, key)!r}")
         consumed = state["step"] * state["world_size"]
+        if consumed * self.batch_size * self.block_size != tokens:
+            raise ValueError(f"its data stream's position ({state['step']} micro-batches of {state['world_size']} "
+                             f"process(es)) is not where its {tokens} tokens end")
         if consumed % self.world_size:
             raise UserError(f"cannot resume the data stream: {consumed} micro-batches were consumed, which does not "
                             f"split evenly over {self.world_size} processes; resume with world size {state['world_size']}.")
+        replayed = hashlib.sha256().hexdigest()
+        for step in range(state["step"]):
+            replayed = chain(replayed, self._windows(state["rank"] + state["world_size"] * step))
+        if replayed != state["batch_hash"]:
+            raise ValueError("its data stream's batch_hash is not that of the batches before its position (another "
+                             "stream, or the dataset was prepared again)")
         self.step = consumed // self.world_size
         self.batch_hash = state["batch_hash"]
+
+
+def chain(batch_hash, windows):
+    """A hash chain over the raw windows: equal hashes mean the same batches in the same order."""
+    return hashlib.sha256(bytes.fromhex(batch_hash) + windows.tobytes()).hexdigest()

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from activations import make_activations
-from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint
+from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint, loading
 from machinery.cli import UserError
 from machinery.files import save_figure, write_json
 from machinery.plots import figure, palette
@@ -115,10 +115,11 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
     if ckpt is None:
         ckpt = load_checkpoint(out_dir, "a run writes it at its first evaluation: wait for that, or use another "
                                         "--out_dir.")
-    model = checkpoint_model(ckpt, os.path.join(out_dir, CKPT)).to(device).eval()
-    cfg = ckpt['config']
-    idx = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],
-                     data_dir=data_dir or cfg['data_dir']).val_batches(1)[0][0].to(device)
+    model = checkpoint_model(ckpt, path := os.path.join(out_dir, CKPT)).to(device).eval()
+    with loading(path):  # its data stream's settings; a UserError (the data moved) passes as it is
+        cfg, iter_num = ckpt['config'], ckpt['iter_num']
+        idx = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],
+                         data_dir=data_dir or cfg['data_dir']).val_batches(1)[0][0].to(device)
     init_acts = make_activations(model.config)
     layers = []
     for block, x in zip(model.transformer.h, model.ffn_inputs(idx)):
@@ -133,7 +134,7 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
             layer['expert_tokens'] = usage
         layers.append(layer)
     log, damaged = log or read_log_lines(os.path.join(out_dir, LOG))
-    return {'run': out_dir, 'damaged_lines': len(damaged), 'ffn': model.config.ffn, 'iter': ckpt['iter_num'],
+    return {'run': out_dir, 'damaged_lines': len(damaged), 'ffn': model.config.ffn, 'iter': iter_num,
             'n_layer': model.config.n_layer, 'batch': {'dataset': cfg['dataset'], 'batch_size': cfg['batch_size'],
                                                        'block_size': cfg['block_size'], 'tokens': idx.numel()},
             'layers': layers, 'history': history(log, model.config.n_layer)}

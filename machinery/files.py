@@ -108,6 +108,41 @@ def read_json(path):
     return obj if isinstance(obj, dict) else None
 
 
+@contextmanager
+def reading(path, hint):
+    """Where a file nanoFFN wrote itself is used: it is trusted, and any failure to use it (its owners' own checks as
+    they load it, or an exception deeper in) becomes one sentence naming the file, and hint, what to do. A UserError
+    there is a sentence already (e.g. a resume on another number of processes)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        why = ' '.join(f"{type(e).__name__}: {e}".split()).rstrip('.')
+        raise UserError(f"cannot use {path} ({why[:200]}), so it is damaged or not written by nanoFFN; {hint}.") from None
+
+
+def remove_dead_temps(folder):
+    """Remove the temporary files (write_file's .NAME.tmpPID) that a process killed mid-write left in folder; a live
+    process's are its writes in progress."""
+    with suppress(OSError):
+        for name in os.listdir(folder):
+            pid = name.rpartition('.tmp')[2]
+            if name.startswith('.') and pid.isascii() and pid.isdigit() and not _alive(int(pid)):
+                with suppress(OSError):
+                    os.remove(os.path.join(folder, name))
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        pass
+    return True
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # the run directory's owner
 

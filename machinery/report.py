@@ -9,13 +9,13 @@ from machinery.files import write_text
 from machinery.run_log import LOG
 
 
-WHOLE = lambda r: r['val_loss']  # an evaluation scored on every validation window
+WHOLE = lambda r: r.get('val_loss')  # an evaluation scored on every validation window (None: a record without it)
 
 
 def run_metrics(log, loss_of=WHOLE):
     """Per-run numbers from its log records. loss_of: the validation loss an evaluation line is scored by."""
     evals = [r for r in log if 'val_loss' in r]
-    trains = [r for r in log if 'loss' in r]
+    trains = [r for r in log if 'loss' in r and 'tokens' in r]
     # training time: each train line's ms is the mean step time since the previous line (evaluation excluded)
     t, prev_iter, times = 0.0, 0, {}
     for r in log:
@@ -32,7 +32,8 @@ def run_metrics(log, loss_of=WHOLE):
             'batch_hash': last.get('batch_hash'),
             'val_hash': next((r['val_hash'] for r in reversed(evals) if 'val_hash' in r), None),
             'act': next((r['act'] for r in reversed(log) if r.get('act')), None),
-            'curve': {'val': [[r['iter'], r['tokens'], times[r['iter']], loss_of(r)] for r in evals],
+            'curve': {'val': [[r['iter'], r['tokens'], times[r['iter']], loss_of(r)] for r in evals
+                              if 'tokens' in r and loss_of(r) is not None],
                       'train': [[r['iter'], r['tokens'], r['loss']] for r in trains]}}
 
 
@@ -141,9 +142,10 @@ def matched(runs, base_runs, scale, base_scale):
 # ----------------------------------------------------------------------------------------------------------------------
 # a learning-rate sweep (compare.py --lrs or --lr_grid): each variant's rate is chosen on the sweep's seeds and the
 # first half of the validation windows (train.py logs both halves, `val_halves`); its report reads only the second
-# half, which the choice never reads, and measures the verdict at the chosen rates on fresh seeds
-SELECT_HALF = lambda r: r['val_halves'][0]
-REPORT_HALF = lambda r: r['val_halves'][1]
+# half, which the choice never reads, and measures the verdict at the chosen rates on fresh seeds. A record without
+# its halves is no evaluation on them: a run whose last evaluation lacks them has no result there
+SELECT_HALF = lambda r: (r.get('val_halves') or (None, None))[0]
+REPORT_HALF = lambda r: (r.get('val_halves') or (None, None))[1]
 
 
 def summarize_sweep(head, runs, fresh, shapes, chosen, shared_lr):

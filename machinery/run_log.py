@@ -1,8 +1,9 @@
 """
 A run's log, log.jsonl: one JSON record per logged iteration, as train.py writes it (its docstring says which fields),
-appended a line at a time, so that every finished line is readable while the run goes on. It is read back against its
-schema (FIELDS): a line that is not such a record (torn by a kill, damaged by hand or by a disk) is set aside, never a
-reason to drop the others or an exception in a report. Beside it, stopped.txt: why a run stopped for good.
+appended a line at a time, so that every finished line is readable while the run goes on. Its one reader,
+read_log_lines, trusts what train.py wrote: a line that is not a record (torn by a kill, damaged by hand or by a disk)
+is set aside, never a reason to drop the others, and a report reads a missing field as missing. Beside it, stopped.txt:
+why a run stopped for good.
 """
 import json
 import math
@@ -20,47 +21,22 @@ STOPPED = 'stopped.txt'  # why the run diverged (train.py), its outcome at these
 DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
 
 
-# FIELDS: what each field train.py writes must be to be
-# read back (any may be absent but 'iter'), so that a record of another shape is set aside as a damaged line is, never
-# an exception in a report. Bounds: a loss is a cross-entropy in nats, |x| <= 1e6 (e^-1e6 is no probability a
-# float holds); ints are int64s; every other number a float32's (what train.py logs comes from float32 tensors).
-F32_MAX = 3.4028234663852886e38
-
-
-def _in(lo, hi, kinds=(int, float)):
-    return lambda v: type(v) in kinds and lo <= v <= hi  # type, not isinstance: a bool is no number; NaN is in no range
-
-
-def _dict_of(test):
-    return lambda v: type(v) is dict and all(test(x) for x in v.values())
-
-
-_COUNT, _LOSS, _NUMBER = _in(0, 2**63 - 1, (int,)), _in(-1e6, 1e6), _in(-F32_MAX, F32_MAX)
-# act (GPT.learned): {'layers': [{part (act, act_up, moe): {quantity: number, or {name: number}}}, one per layer]}
-_LAYER = _dict_of(_dict_of(lambda q: _NUMBER(q) or _dict_of(_NUMBER)(q)))
-_TEXT, _NUMBER_OR_NULL = (lambda v: type(v) is str), (lambda v: v is None or _NUMBER(v))
-FIELDS = {'iter': _COUNT, 'tokens': _COUNT, 'lr': _NUMBER, 'loss': _LOSS, 'val_loss': _LOSS, 'ms': _NUMBER,
-          'tok_s': _NUMBER, 'mfu': _NUMBER_OR_NULL, 'grad_norm': _NUMBER_OR_NULL, 'batch_hash': _TEXT,
-          'val_hash': _TEXT, 'loss_total': _NUMBER, 'aux': _NUMBER, 'z': _NUMBER,  # the last three an MoE's
-          'val_halves': lambda v: type(v) is list and len(v) == 2 and all(map(_LOSS, v)),
-          'act': lambda v: type(v) is dict and v.keys() == {'layers'} and type(v['layers']) is list
-          and all(map(_LAYER, v['layers']))}
-
-
 def parse_record(line):
-    """A log line's record if it is one as train.py writes it (FIELDS; any other float finite), else None."""
+    """A log line's record if it is one as train.py writes it: a JSON object whose 'iter' is an int (the iterations
+    done, >= 0) and whose numbers are finite; else None. Its other fields are trusted, and any may be missing."""
     try:
         r = json.loads(line)
     except (ValueError, RecursionError):  # RecursionError: brackets nested deeper than the parser goes
         return None
-    valid = (type(r) is dict and 'iter' in r and all(FIELDS[k](v) for k, v in r.items() if k in FIELDS)
-             and all(math.isfinite(v) for v in r.values() if type(v) is float))
-    return r if valid else None
+    if not (type(r) is dict and type(r.get('iter')) is int and 0 <= r['iter'] < 2**63):
+        return None
+    return r if all(math.isfinite(v) for v in r.values() if type(v) is float) else None
 
 
 def read_log_lines(path):
-    """(records, damaged): the records of a log.jsonl and the text of every line that is not one (a torn last line
-    after a kill mid-write, a line damaged by hand or by a disk), set aside, never a reason to drop the others."""
+    """(records, damaged): the records of a log.jsonl in the order of their iterations (the last record is the last
+    iteration) and the text of every line that is not one (a torn last line after a kill mid-write, a line damaged by
+    hand or by a disk), set aside, never a reason to drop the others."""
     records, damaged = [], []
     try:
         with open(path, encoding='utf-8', errors='replace') as f:
@@ -74,7 +50,7 @@ def read_log_lines(path):
             records.append(record)
         elif line.strip():
             damaged.append(line if line.endswith('\n') else line + '\n')
-    return records, damaged
+    return sorted(records, key=lambda r: r['iter']), damaged
 
 
 def truncate_log(path, iter_num):

@@ -13,9 +13,9 @@ import sys
 from dataclasses import dataclass
 
 from configurator import DEFAULTS, at_rate, variant_settings
-from machinery.checkpoint import CKPT, read_checkpoint, unusable
-from machinery.cli import UserError, split_list, to_argv
-from machinery.files import read_json
+from machinery.checkpoint import CKPT, load_checkpoint
+from machinery.cli import split_list, to_argv
+from machinery.files import reading, remove_dead_temps
 from machinery.run_log import LOG, STOPPED, read_log_lines
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')  # the repo's
@@ -26,8 +26,6 @@ NOT_IDENTITY = ('out_dir', 'data_dir', 'init_from', 'overwrite', 'compile', 'com
 PLAN = 'compare.json'  # compare.py's plan of a run it started or listed: its settings, before any checkpoint
 TRAIN_OUT = 'train.out'  # the output of every try compare.py started, each after its `$ command` line
 FINISHED = ('done', 'stopped')  # states that are results: reused, never trained again
-_count = lambda v: type(v) is int and 1 <= v < 2**63
-PLAN_FIELDS = {'settings': lambda v: isinstance(v, dict), 'processes': _count, 'at_once': _count}  # compare.json
 
 
 def identifies(key):
@@ -97,7 +95,7 @@ class Run:
     settings = property(lambda self: self.spec['settings'])
     processes = property(lambda self: self.spec['processes'])
 
-    def final(self, loss_of=lambda r: r['val_loss']):
+    def final(self, loss_of=lambda r: r.get('val_loss')):
         """The last evaluation's loss (loss_of: which one, e.g. a half of the windows) if the run is done, else None."""
         evals = [r for r in self.records if 'val_loss' in r]
         return loss_of(evals[-1]) if self.state == 'done' and evals else None
@@ -110,35 +108,34 @@ class Run:
 
 
 def scan(spec):
-    """The Run of spec: its directory's log, checkpoint and compare.json, each read once, and the state they give."""
+    """The Run of spec: its directory's log, checkpoint and compare.json, each read once, and the state they give. A
+    checkpoint at iteration k always follows log line k, so a run is done when its checkpoint is at its last iteration
+    and resumes from its checkpoint where the log has that evaluation; what a kill left (temporary files) goes."""
     d, wanted = spec['dir'], identity(spec['settings'], spec['processes'])
+    remove_dead_temps(d)
     records, damaged = read_log_lines(os.path.join(d, LOG))
-    ckpt, fault = read_checkpoint(os.path.join(d, CKPT), mmap=True)  # its tensors stay on disk
-    if fault:
-        raise unusable(os.path.join(d, CKPT), fault, f"delete the run's directory {d} to train it again, or use "
-                                                    f"another --out_dir")
-    plan = read_json(os.path.join(d, PLAN)) or {}
-    if bad := next((k for k, valid in PLAN_FIELDS.items() if k in plan and not valid(plan[k])), None):
-        raise UserError(f"{os.path.join(d, PLAN)} is not a plan compare.py writes (its {bad} is "
-                        f"{str(plan[bad])[:40]}); delete that file, or the run's directory to train it again.")
-    config = (ckpt or {}).get('config')
-    if isinstance(config, dict):
-        found = identity(config, ckpt.get('world_size') or 1)
-    elif isinstance(plan.get('settings'), dict) and records:  # before its first checkpoint, once it logged
-        found = identity(plan['settings'], plan.get('processes', 1))
-    else:
-        found = None
-    saved = (ckpt or {}).get('iter_num')
+    hint = f"delete the run's directory {d} to train it again, or use another --out_dir"
+    ckpt = load_checkpoint(d, None, mmap=True, hint=hint)  # its tensors stay on disk
+    plan, plan_path = {}, os.path.join(d, PLAN)
+    with reading(plan_path, hint):
+        if os.path.exists(plan_path):
+            with open(plan_path, encoding='utf-8') as f:
+                plan = {**json.load(f)}
+        found, saved = (identity(plan['settings'], plan['processes']) if plan and records else None), None
+    if ckpt is not None:  # what it is, from its checkpoint once it has one
+        with reading(os.path.join(d, CKPT), hint):
+            found, saved = identity(ckpt['config'], ckpt['world_size']), ckpt['iter_num']
+    evaluated = lambda it: any(r['iter'] == it and 'val_loss' in r for r in records)
     if found is not None and found != wanted:
         state = 'mismatch'
-    elif records and records[-1]['iter'] == spec['settings']['max_iters'] and 'val_loss' in records[-1]:
+    elif saved == spec['settings']['max_iters'] and evaluated(saved):
         state = 'done'
     elif os.path.exists(os.path.join(d, STOPPED)):  # it diverged (train.py's note)
         state = 'stopped'
     elif saved is None:
         state = 'scratch'
     else:
-        state = 'resume' if any(r['iter'] == saved and 'val_loss' in r for r in records) else 'retrain'
+        state = 'resume' if evaluated(saved) else 'retrain'
     return Run(spec, state, records, damaged, ckpt, plan, found)
 
 

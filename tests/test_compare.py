@@ -332,11 +332,18 @@ def test_what_a_run_is_leaves_out_where_and_how_it_ran():
 
 
 def test_a_bundled_dataset_is_prepared_on_demand(tmp_path):
-    """`python compare.py` on a fresh clone: the bundled corpus is turned into shards instead of refusing."""
+    """`python compare.py` on a fresh clone: the bundled corpus is turned into shards instead of refusing; never over
+    shards it did not write."""
     cfg = dict(compare.DEFAULTS, dataset='shakespeare_char', data_dir=str(tmp_path), block_size=64, batch_size=4)
     compare.check_dataset(cfg)
     meta = json.load(open(tmp_path / 'shakespeare_char' / 'meta.json'))
     assert meta['tokenizer'] == 'char' and meta['vocab_size'] == 84
+    os.remove(tmp_path / 'shakespeare_char' / 'meta.json')  # shards without meta.json: none it may replace
+    before = {n: open(tmp_path / 'shakespeare_char' / n, 'rb').read() for n in os.listdir(tmp_path / 'shakespeare_char')}
+    with pytest.raises(UserError, match='holds shards but no meta.json'):
+        compare.check_dataset(cfg)
+    assert {n: open(tmp_path / 'shakespeare_char' / n, 'rb').read() for n in os.listdir(tmp_path / 'shakespeare_char')} \
+        == before
 
 
 @pytest.mark.parametrize('name', ['compare_shakespeare_char', 'sweep_shakespeare_char', 'compare_owt_dense',
@@ -451,17 +458,20 @@ def test_a_variant_carries_model_settings_of_its_own(tmp_path):
                                                        *TINY]))
 
 
-@pytest.mark.parametrize('field, value', [('at_once', [1]), ('at_once', {'n': 1}), ('processes', 'one'),
-                                          ('settings', 3)])
-def test_a_record_of_the_wrong_shape_is_refused_naming_its_field(tmp_path, field, value, capsys):
+@pytest.mark.parametrize('plan', ['{"settings": 3, "processes": 1}', '{"processes": 1}', '[1, 2]', '{"settings'])
+def test_a_plan_compare_py_cannot_use_is_one_sentence(tmp_path, plan, capsys):
+    """compare.json of a run that logged but has no checkpoint yet, of another shape: one sentence (exit status 2)
+    naming it, and nothing changed."""
     argv = [f'--out_dir={tmp_path}', '--variants=gelu', '--seeds=1', *TINY]
     (spec,) = grid_specs(compare.settings(argv))
     os.makedirs(spec['dir'])
-    files.write_json(os.path.join(spec['dir'], 'compare.json'), {'settings': spec['settings'], 'processes': 1,
-                                                                  field: value})
+    (tmp_path / spec['dir'] / 'compare.json').write_text(plan)
+    (tmp_path / spec['dir'] / 'log.jsonl').write_text('{"iter": 0, "val_loss": 4.2}\n')
+    before = {p: open(os.path.join(spec['dir'], p)).read() for p in os.listdir(spec['dir'])}
     code, err = call(compare.main, argv + ['--report'], capsys)
-    assert code == 2 and f"compare.json is not a plan compare.py writes (its {field} is" in err
-    assert 'Traceback' not in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and 'Traceback' not in err and len(err.strip().splitlines()) == 1
+    assert 'compare.json' in err and {p: open(os.path.join(spec['dir'], p)).read() for p in os.listdir(spec['dir'])} \
+        == before
 
 
 def test_a_sweep_on_the_command_line_replaces_the_config_files():
@@ -553,3 +563,139 @@ def test_a_shared_rate_of_0_plans_untuned_runs(shakespeare_char_dir, tmp_path):
     """learning_rate=0 has no ratio for min_lr to keep: the tuned rates do not apply, and nothing divides by it."""
     lines, err = plan(['--learning_rate=0'], shakespeare_char_dir, tmp_path)
     assert len(lines) == 24 and 'run untuned, at the shared learning_rate 0 (' in err
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# what a kill, a hand or a disk can leave in a comparison: the same command again gives the uninterrupted result
+
+# train.py, killed (kill -9) between the two writes of a run's last iteration: after its last log line, in the middle of
+# its last checkpoint (a half-written temporary file left); the one test hook, outside train.py
+KILLED_TRAIN = """
+import os, runpy, signal, sys
+sys.path.insert(0, {repo!r})
+from machinery import checkpoint
+save = checkpoint.save_checkpoint
+def killed(r, val_loss):
+    if r.iter_num == r.cfg['max_iters'] and (r.cfg['ffn'], r.cfg['seed']) == {run!r}:
+        open(os.path.join(r.out_dir, f'.ckpt.pt.tmp{{os.getpid()}}'), 'wb').write(b'half')
+        os.kill(os.getpid(), signal.SIGKILL)
+    save(r, val_loss)
+checkpoint.save_checkpoint = killed
+sys.argv[0] = {train!r}
+runpy.run_path({train!r}, run_name='__main__')
+"""
+TIMES = ('tok_s', 'train_time_s', 'at_once', 'matched', 'dir', 'run', 'compiled')  # what depends on when and where
+
+
+def without_times(x):
+    if isinstance(x, dict):
+        return {k: without_times(v) for k, v in x.items() if k not in TIMES}
+    return [without_times(v) for v in x] if isinstance(x, list) else x
+
+
+def summary_of(out):
+    with open(os.path.join(out, 'summary.json')) as f:
+        return without_times(json.load(f))
+
+
+def dead_pid():
+    p = subprocess.Popen([sys.executable, '-c', ''])
+    p.wait()
+    return p.pid
+
+
+def test_a_kill_between_a_runs_last_log_line_and_its_last_checkpoint_is_resumed(compared, shakespeare_char_dir,
+                                                                                 tmp_path, monkeypatch):
+    """The log ends at the last iteration, the checkpoint is an evaluation earlier: the run is not done (a checkpoint
+    at iteration k always follows log line k), so the same command resumes it, and its summary is the uninterrupted
+    one, acts (read from the checkpoints) included; the half-written checkpoint is gone (the run is read again as it
+    ends)."""
+    _, out, _ = compared
+    killed_out = str(tmp_path / 'cmp')
+    argv = args(shakespeare_char_dir, killed_out)
+    wrapper = tmp_path / 'killed_train.py'
+    wrapper.write_text(KILLED_TRAIN.format(repo=REPO, train=runs.TRAIN_PY, run=('moa', SEEDS[1])))
+    monkeypatch.setattr(runs, 'TRAIN_PY', str(wrapper))
+    with pytest.raises(RunStopped, match='exit status -9'):
+        run_compare(argv)
+    part = run_dir(killed_out, 'moa', SEEDS[1])
+    assert read_log(os.path.join(part, 'log.jsonl'))[-1]['iter'] == 4
+    assert torch.load(os.path.join(part, 'ckpt.pt'), weights_only=True)['iter_num'] == 2
+    assert runs.scan(runs.make_run(compare.settings(argv), 'moa', SEEDS[1])).state == 'resume'
+    monkeypatch.undo()
+    stdout = run_compare(argv)
+    assert 'moa seed 1338: resumed from iteration 2' in stdout
+    assert summary_of(killed_out) == summary_of(out)
+    assert not any(n.startswith('.ckpt.pt.tmp') for n in os.listdir(part))
+
+
+def test_records_out_of_order_and_temporary_files_left_by_kills(compared, tmp_path):
+    """A log whose lines were moved (an evaluation line at the end) or reversed reads in the order of its iterations:
+    the runs are done, reused, and the summary is as before. The temporary files of writes a kill cut off (a redrawn
+    loss.png, a checkpoint) go with the same command; a live process's stay."""
+    argv, out, _ = compared
+    moved = str(tmp_path / 'cmp')
+    shutil.copytree(out, moved)
+    argv = [a if not a.startswith('--out_dir=') else f'--out_dir={moved}' for a in argv]
+    for (variant, seed), reorder in ((('gelu', SEEDS[0]), lambda ls: ls[:2] + ls[3:] + ls[2:3]),
+                                     (('moa', SEEDS[1]), lambda ls: ls[::-1])):
+        path = os.path.join(run_dir(moved, variant, seed), 'log.jsonl')
+        lines = open(path).readlines()
+        assert '"val_loss"' in lines[2]  # iteration 2's evaluation
+        open(path, 'w').writelines(reorder(lines))
+    dead, done = dead_pid(), run_dir(moved, 'gelu', SEEDS[1])
+    left = [os.path.join(moved, f'.loss.png.tmp{dead}'), os.path.join(done, f'.ckpt.pt.tmp{dead}')]
+    live = os.path.join(moved, f'.summary.json.tmp{os.getppid()}')  # a live process's write
+    for path in left + [live]:
+        open(path, 'w').write('half')
+    stdout = run_compare(argv)
+    assert '(4 to reuse, 0 to train)' in stdout
+    assert summary_of(moved) == summary_of(out)
+    assert not any(map(os.path.exists, left)) and os.path.exists(live)
+
+
+def test_records_without_their_validation_halves_are_no_evaluation_on_them(compared, tmp_path):
+    """A record without val_halves (the last evaluation of one run, an earlier one of another) is no evaluation on the
+    halves: the run whose last evaluation lacks them has no result there, the other keeps its own; no KeyError."""
+    argv, out, _ = compared
+    moved = str(tmp_path / 'cmp')
+    shutil.copytree(out, moved)
+    for (variant, seed), line in ((('moa', SEEDS[1]), -1), (('gelu', SEEDS[0]), 2)):
+        path = os.path.join(run_dir(moved, variant, seed), 'log.jsonl')
+        records = read_log(path)
+        del records[line]['val_halves']
+        open(path, 'w').writelines(json.dumps(r) + '\n' for r in records)
+    cfg = compare.settings([a if not a.startswith('--out_dir=') else f'--out_dir={moved}' for a in argv])
+    comp = compare.check_comparison(cfg)
+    grid = compare.grid_runs(cfg, comp)
+    assert [r.state for r in grid] == ['done'] * 4
+    summary, _ = report.summarize({**comp, 'dataset': cfg['dataset'], 'settings': {}}, grid,
+                                  compare.shapes_of(cfg, grid, comp['variants']), report.REPORT_HALF)
+    finals = {(v, r['seed']): r['final_val_loss'] for v, s in summary['variants'].items() for r in s['runs']}
+    assert finals[('moa', SEEDS[1])] is None and None not in [x for k, x in finals.items() if k != ('moa', SEEDS[1])]
+    assert compare.best_rates(grid)  # the selection half: the same records, no KeyError
+
+
+def test_the_printed_tuning_command_tunes_exactly_this_comparison(shakespeare_char_dir, tmp_path):
+    """Run as printed, the command that tunes the untuned variants has this comparison's tuned_at (processes per run
+    included), chooses on seeds of its own (not this comparison's), and is accepted: its --plan lists runs."""
+    given = ['--variants=gelu,xielu', '--nproc_per_run=2', '--learning_rate=3e-3', '--seed=5', '--n_embd=48']
+    _, err = plan(given, shakespeare_char_dir, tmp_path)
+    printed = re.search(r'`python compare\.py (.*?)` tunes', err).group(1).split()
+    assert printed[0] == 'config/sweep_shakespeare_char.py' and '--nproc_per_run=2' in printed
+    here = compare.settings(given + [f'--data_dir={shakespeare_char_dir}'])
+    sweep = compare.settings([os.path.join(REPO, printed[0])] + printed[1:])
+    assert tuning_key(sweep) == tuning_key(here) and compare.check_comparison(sweep)['grid']
+    assert not {here['seed'] + i for i in range(here['seeds'])} & {sweep['seed'] + i for i in range(sweep['seeds'])}
+    lines, _ = plan([os.path.join(REPO, printed[0])] + printed[1:], shakespeare_char_dir, tmp_path / 'sweep')
+    assert lines and all('--nproc_per_node=2' in line for line in lines)
+
+
+def test_a_variants_own_rate_is_checked_before_any_run_directory_is_written(shakespeare_char_dir, tmp_path, capsys):
+    """gelu@1e12 at a learning_rate of 1e-300 and min_lr 1e-2 keeps the ratio: a min_lr of inf, refused in one
+    sentence before anything is written."""
+    argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={tmp_path / "out"}', '--variants=gelu@1e12,relu2',
+            '--learning_rate=1e-300', '--min_lr=1e-2', *TINY[1:]]
+    code, err = call(compare.main, argv, capsys)
+    assert code == 2 and 'Traceback' not in err and len(err.strip().splitlines()) == 1 and 'min_lr' in err
+    assert not os.path.exists(tmp_path / 'out')

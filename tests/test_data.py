@@ -429,15 +429,27 @@ def test_ddp_ranks_split_the_single_process_stream(synthetic):
     assert same(rank0, single[0::2]) and same(rank1, single[1::2])
 
 
-def test_loader_resumes_exactly(synthetic):
+def test_loader_resumes_exactly_and_refuses_another_stream(synthetic):
+    """The loader's own load_state_dict proves the position it is given: the run's tokens say how many micro-batches
+    were drawn, and those, drawn again, hash to the saved batch_hash; any other stream is refused."""
     a = DataLoader("toy", T, 4, 3, data_dir=synthetic)
     batches(a, 7)
     state = json.loads(json.dumps(a.state_dict()))  # survives a checkpoint
+    tokens = 7 * 4 * T
     b = DataLoader("toy", T, 4, 3, data_dir=synthetic)
-    b.load_state_dict(state)
+    b.load_state_dict(state, tokens)
     assert same(batches(a, 5), batches(b, 5)) and a.batch_hash == b.batch_hash
-    with pytest.raises(UserError, match="batch_size"):
-        DataLoader("toy", T, 2, 3, data_dir=synthetic).load_state_dict(state)
+    others = [({}, tokens + 4 * T), ({"step": 6}, tokens), ({"step": 2**62}, tokens), ({"world_size": 2}, tokens),
+              ({"batch_hash": "ab" * 32}, tokens), ({"batch_size": 2}, tokens)]
+    for change, at in others:
+        with pytest.raises(ValueError):
+            DataLoader("toy", T, 4, 3, data_dir=synthetic).load_state_dict({**state, **change}, at)
+    halves = [DataLoader("toy", T, 4, 3, rank=r, world_size=2, data_dir=synthetic) for r in (0, 1)]
+    for h in halves:
+        batches(h, 3)
+    with pytest.raises(UserError, match="does not split evenly over 4 processes"):  # 3 x 2 micro-batches
+        DataLoader("toy", T, 4, 3, rank=0, world_size=4, data_dir=synthetic).load_state_dict(
+            halves[0].state_dict(), 6 * 4 * T)
 
 
 def test_missing_dataset_names_the_prepare_command(tmp_path):

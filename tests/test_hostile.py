@@ -186,8 +186,8 @@ CASES = [
     ('foreign shard beyond the vocabulary', train, with_shard('train_000.bin', [1, 2, 50256] * 100, False), 2,
      ['train_000.bin holds token id 50256']),
     # checkpoints
-    ('resume from a torch file that is not a checkpoint', train, foreign_checkpoint, 2, ['not a train.py checkpoint']),
-    ('sample a nanoGPT checkpoint', sample, nanogpt_checkpoint, 2, ['not a train.py checkpoint']),
+    ('resume from a torch file that is not a checkpoint', train, foreign_checkpoint, 2, ['ckpt.pt']),
+    ('sample a nanoGPT checkpoint', sample, nanogpt_checkpoint, 2, ['ckpt.pt']),
     ('sample without checkpoint', sample, lambda w, tmp: [f'--out_dir={tmp}'], 2, ['ckpt.pt', 'train']),
     ('resume from a non-finite checkpoint', train, nonfinite_checkpoint(True), 2, ['non-finite weights']),
     ('sample a non-finite checkpoint', sample, nonfinite_checkpoint(False), 2, ['non-finite weights']),
