@@ -114,12 +114,12 @@ def poly_formula(h, coeffs, use_relu, use_norm, eps=1e-6, points=None):
     curves drawn), each token's norms still those of its own h."""
     hf, a = fp32(h), fp32(coeffs)
     b = torch.relu if use_relu else (lambda v: v)
-    at = hf if points is None else fp32(points)
-    y = a[0] * torch.ones_like(at)
+    base, at = b(hf), (None if points is None else b(fp32(points)))
+    y = a[0] * torch.ones_like(base if at is None else at)
     for p in range(1, len(a)):
-        v = b(hf) ** p
+        v = base**p
         inv_rms = torch.rsqrt(v.square().mean(-1, keepdim=True) + eps) if use_norm else 1.0
-        y = y + a[p] * inv_rms * (v if points is None else b(at) ** p)
+        y = y + a[p] * inv_rms * (v if at is None else at**p)
     return y.to(h.dtype)
 
 
