@@ -13,33 +13,21 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from machinery import memory_lean
+from torch.utils.checkpoint import checkpoint
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The dictionary of elementwise activations, each with its derivative (the lean backward passes need both).
-# LA and MoA mix these; a parameter-free activation added here becomes available to --act_dict at once.
+# The dictionary of elementwise activations. LA and MoA mix these; a parameter-free activation added here becomes
+# available to --act_dict at once.
 
-
-def _gelu_grad(h):
-    """d/dh [h Φ(h)] = Φ(h) + h φ(h), for the exact (erf) GELU that F.gelu computes by default."""
-    return 0.5 * (1.0 + torch.erf(h / math.sqrt(2.0))) + h * torch.exp(-0.5 * h * h) / math.sqrt(2.0 * math.pi)
-
-
-def _silu_grad(h):
-    s = torch.sigmoid(h)
-    return s * (1.0 + h * (1.0 - s))
-
-
-# name -> (φ, φ')
+# name -> φ
 BASIS = {
-    "identity": (lambda h: h, lambda h: 1.0),  # a scalar slope broadcasts; no tensor of ones
-    "relu": (torch.relu, lambda h: (h > 0).to(h.dtype)),
-    "relu2": (lambda h: torch.relu(h).square(), lambda h: 2.0 * torch.relu(h)),
-    "gelu": (F.gelu, _gelu_grad),
-    "silu": (F.silu, _silu_grad),
-    "leaky_relu": (lambda h: F.leaky_relu(h, 0.01), lambda h: torch.where(h > 0, 1.0, torch.full_like(h, 0.01))),
-    "tanh": (torch.tanh, lambda h: 1.0 - torch.tanh(h).square()),
+    "identity": lambda h: h,
+    "relu": torch.relu,
+    "relu2": lambda h: torch.relu(h).square(),
+    "gelu": F.gelu,
+    "silu": F.silu,
+    "leaky_relu": lambda h: F.leaky_relu(h, 0.01),
+    "tanh": torch.tanh,
 }
 
 
@@ -54,17 +42,25 @@ def parse_dict(act_dict):
     return names
 
 
-def formula_or_lean(formula, lean_fn, *args):
-    """The one place eager and compiled training part ways. Eager, the memory-lean autograd Function of memory_lean.py, which
-    keeps only the inputs for backward. Compiled, the plain formula: Inductor fuses it, chooses what backward keeps
-    itself, and its on-disk cache can store the graph (it skips graphs that hold a custom Function)."""
-    return formula(*args) if torch.compiler.is_compiling() else lean_fn(*args)
+def fp32(t):
+    """At least fp32: half-precision inputs are computed in fp32 (fp64 stays fp64, for gradcheck)."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+def keep_inputs(formula, *args):
+    """formula(*args), keeping only its inputs for backward. Plain autograd would keep every intermediate: PolyNorm of
+    order r its r powers and r normalised tensors, a K-entry mixture its K activations, each as wide as the hidden
+    layer. Eager, torch's checkpoint keeps the inputs and reruns the formula in backward. Compiled, the plain formula:
+    Inductor fuses it and chooses what backward keeps by itself (a checkpoint there would only constrain it)."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return formula(*args)
+    return checkpoint(formula, *args, use_reentrant=False)
 
 
 class Activation(nn.Module):
     """What every activation does:
-        coefs = act.token_coefs(x)   per-token coefficients from the FFN input x (MoA's gates c(x)), else None
-        y     = act(h, coefs)        φ(h), row-wise: row i of h uses row i of coefs
+        gates = act.token_gates(x)   per-token gates from the FFN input x (MoA's c(x)), else None
+        y     = act(h, gates)        φ(h), row-wise: row i of h uses row i of gates
         act.learned(x)               what it learned: {quantity: number or {name: number}}, e.g. {"alpha": {"gelu":
                                      0.93, ...}}; logged at every evaluation, averaged in summaries and drawn over
                                      training under its own names, so a new activation needs nothing else to show up
@@ -72,7 +68,7 @@ class Activation(nn.Module):
     The split lets a Mixture-of-Experts layer compute MoA's gates once per token and hand the same rows to every expert
     the token visits."""
 
-    def token_coefs(self, x):
+    def token_gates(self, x):
         return None
 
     def learned(self, x):
@@ -81,10 +77,10 @@ class Activation(nn.Module):
     def curves(self, grid, h, x):
         """φ at the points of grid (G,) for the tokens whose pre-activations h (N, m) and FFN inputs x (N, d) are given:
         one row per token where φ depends on it, else one row. Here φ acts on each point alone, with the token's own
-        coefficients c(x_t) where token_coefs gives some: φ_t(v) = forward(v, c(x_t)). An activation whose value at a
-        point depends on the token's other channels overrides this (PolyNorm)."""
-        coefs = self.token_coefs(x)
-        return self(grid[None], None) if coefs is None else self(grid.expand(len(coefs), -1), coefs)
+        gates c(x_t) where token_gates gives some: φ_t(v) = forward(v, c(x_t)). An activation whose value at a point
+        depends on the token's other channels overrides this (PolyNorm)."""
+        gates = self.token_gates(x)
+        return self(grid[None], None) if gates is None else self(grid.expand(len(gates), -1), gates)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -97,9 +93,9 @@ class Fixed(Activation):
 
     def __init__(self, name):
         super().__init__()
-        self.name, self.fn = name, BASIS[name][0]
+        self.name, self.fn = name, BASIS[name]
 
-    def forward(self, h, coefs=None):
+    def forward(self, h, gates=None):
         return self.fn(h)
 
     def extra_repr(self):
@@ -112,20 +108,18 @@ class Fixed(Activation):
 # then increasing powers. (The official code stores the highest power first; this order reads like the formula.)
 
 
-def rms_normalize(v, eps=1e-6):
-    """N(v) = v / sqrt(mean(v²) + ε) over the last (hidden) dimension, per token, with no gain."""
-    return v * torch.rsqrt(v.square().mean(-1, keepdim=True) + eps)
-
-
-def poly_formula(h, coeffs, use_relu, use_norm, eps=1e-6):
-    """a_0 + Σ_{p=1..r} a_p · N(base^p) with base = h or relu(h) (N skipped without norm), in fp32 (at least),
-    returned in h's dtype. Plain autograd keeps every power and every normalised tensor for backward."""
-    hf, a = memory_lean.fp32(h), memory_lean.fp32(coeffs)
-    base = torch.relu(hf) if use_relu else hf
-    y = a[0] * torch.ones_like(hf)
+def poly_formula(h, coeffs, use_relu, use_norm, eps=1e-6, points=None):
+    """a_0 + Σ_{p=1..r} a_p · N(b(h)^p), b = identity or relu, N(v) = v / sqrt(mean(v²) + ε) over the token's hidden
+    channels (skipped without norm); in fp32 (at least), returned in h's dtype. points: φ at other points than h (the
+    curves drawn), each token's norms still those of its own h."""
+    hf, a = fp32(h), fp32(coeffs)
+    b = torch.relu if use_relu else (lambda v: v)
+    base, at = b(hf), (None if points is None else b(fp32(points)))
+    y = a[0] * torch.ones_like(base if at is None else at)
     for p in range(1, len(a)):
         v = base**p
-        y = y + a[p] * (rms_normalize(v, eps) if use_norm else v)
+        inv_rms = torch.rsqrt(v.square().mean(-1, keepdim=True) + eps) if use_norm else 1.0
+        y = y + a[p] * inv_rms * (v if at is None else at**p)
     return y.to(h.dtype)
 
 
@@ -135,8 +129,8 @@ class Poly(Activation):
         polyrelu:      φ(h) = Σ_{i=1..r} a_i relu(h)^i + a_0     (no normalisation: can blow up, by design of the paper)
         polynorm:      φ(h) = Σ_{i=1..r} a_i N(h^i) + a_0
         polyrelunorm:  φ(h) = Σ_{i=1..r} a_i N(relu(h)^i) + a_0  (ablation from the paper)
-    N is rms_normalize. Init a_1..a_r = 1/r, a_0 = 0 (official code). Computed in fp32 under bf16/fp16 autocast: h^6
-    overflows fp16 for |h| > 6.35.
+    N normalises over the token's hidden channels (poly_formula). Init a_1..a_r = 1/r, a_0 = 0 (official code).
+    Computed in fp32 under bf16/fp16 autocast: h^6 overflows fp16 for |h| > 6.35.
     """
 
     def __init__(self, kind, order=3, eps=1e-6):
@@ -148,23 +142,15 @@ class Poly(Activation):
         self.use_norm = kind in ("polynorm", "polyrelunorm")
         self.coeffs = nn.Parameter(torch.tensor([0.0] + [1.0 / order] * order))  # [a_0, a_1, ..., a_r]
 
-    def forward(self, h, coefs=None):
-        return formula_or_lean(poly_formula, memory_lean.poly, h, self.coeffs, self.use_relu, self.use_norm, self.eps)
+    def forward(self, h, gates=None):
+        return keep_inputs(poly_formula, h, self.coeffs, self.use_relu, self.use_norm, self.eps)
 
     def learned(self, x):
         return {"coeffs": {f"a{i}": a for i, a in enumerate(self.coeffs.tolist())}}
 
     def curves(self, grid, h, x):
-        """N normalises each power over the token's own h, so one row per token:
-        φ_t(v) = a_0 + Σ_i a_i b(v)^i / sqrt(mean_j b(h_tj)^(2i) + ε), b = identity, or relu for polyrelunorm."""
-        if not self.use_norm:
-            return super().curves(grid, h, x)
-        base = torch.relu if self.use_relu else (lambda v: v)
-        b, a = base(h), self.coeffs
-        y = a[0].expand(len(h), len(grid))
-        for i in range(1, len(a)):
-            y = y + a[i] * base(grid) ** i * torch.rsqrt(b.pow(2 * i).mean(-1, keepdim=True) + self.eps)
-        return y
+        """N normalises each power over the token's own h, so one row per token (one row without N)."""
+        return poly_formula(h, self.coeffs, self.use_relu, self.use_norm, self.eps, points=grid[None])
 
     def extra_repr(self):
         return f"{self.kind}, order={self.coeffs.numel() - 1}"
@@ -175,16 +161,17 @@ class Poly(Activation):
 # ("More Expressive Feedforward Layers: Part I", arXiv 2605.26647).
 
 
-def mix_formula(h, coefs, basis):
-    """Σ_k c_k φ_k(h) over the dictionary basis ((φ, φ') pairs), coefs (..., K) broadcast over the hidden channels (a
-    single row (K,) for LA), in fp32 (at least), returned in h's dtype. Plain autograd keeps the K activations."""
-    hf, c = memory_lean.fp32(h), memory_lean.fp32(coefs)
-    return sum(c[..., k : k + 1] * fn(hf) for k, (fn, _) in enumerate(basis)).to(h.dtype)
+def mix_formula(h, weights, basis):
+    """Σ_k c_k φ_k(h) over the dictionary basis (a tuple of φ), the weights c (..., K) broadcast over the hidden
+    channels (a single row (K,) for LA's α, a row per token for MoA's gates), in fp32 (at least), returned in h's
+    dtype."""
+    hf, c = fp32(h), fp32(weights)
+    return sum(c[..., k : k + 1] * fn(hf) for k, fn in enumerate(basis)).to(h.dtype)
 
 
 def mix_product(g, u, cg, cu, basis_g, basis_u):
     """(Σ_k cg_k φ_k(g)) ⊙ (Σ_l cu_l φ_l(u)): both branches of la_glu / moa_glu, in fp32, returned in g's dtype."""
-    return (mix_formula(memory_lean.fp32(g), cg, basis_g) * mix_formula(memory_lean.fp32(u), cu, basis_u)).to(g.dtype)
+    return (mix_formula(fp32(g), cg, basis_g) * mix_formula(fp32(u), cu, basis_u)).to(g.dtype)
 
 
 def _init_alpha(names, la_init):
@@ -212,12 +199,8 @@ class LA(Activation):
         self.basis = tuple(BASIS[n] for n in self.names)
         self.alpha = nn.Parameter(_init_alpha(self.names, la_init))
 
-    def coefficients(self, coefs):
-        """The mixing coefficients forward uses: α, the same for every token."""
-        return self.alpha
-
-    def forward(self, h, coefs=None):
-        return formula_or_lean(mix_formula, memory_lean.mix, h, self.alpha, self.basis)
+    def forward(self, h, gates=None):
+        return keep_inputs(mix_formula, h, self.alpha, self.basis)
 
     def learned(self, x):
         return {"alpha": dict(zip(self.names, self.alpha.tolist()))}
@@ -253,9 +236,9 @@ class MoA(Activation):
         for p in self.mix_logits.parameters():
             nn.init.zeros_(p)
 
-    def token_coefs(self, x):
-        """c(x): K coefficients per token, at least fp32 (tiny)."""
-        z = memory_lean.fp32(self.mix_logits(x))
+    def token_gates(self, x):
+        """c(x): K gates per token, at least fp32 (tiny)."""
+        z = fp32(self.mix_logits(x))
         if self.gate_kind == "plain_sigmoid":
             return torch.sigmoid(z)
         if self.gate_kind == "sigmoid":
@@ -266,16 +249,13 @@ class MoA(Activation):
             s = 1.0 + torch.tanh(z)
         return self.alpha * s
 
-    def coefficients(self, coefs):
-        return coefs
-
-    def forward(self, h, coefs):
-        return formula_or_lean(mix_formula, memory_lean.mix, h, coefs, self.basis)
+    def forward(self, h, gates):
+        return keep_inputs(mix_formula, h, gates, self.basis)
 
     def learned(self, x):
         """α (plain_sigmoid: c_mean, the mean of c_k(x) over the tokens of x), and c_std: the std of c_k(x) across the
         tokens of x (how token-adaptive the mixture became)."""
-        c = self.token_coefs(x).reshape(-1, len(self.names))
+        c = self.token_gates(x).reshape(-1, len(self.names))
         first = ("c_mean", c.mean(0)) if self.alpha is None else ("alpha", self.alpha)
         return {first[0]: dict(zip(self.names, first[1].tolist())), "c_std": dict(zip(self.names, c.std(0).tolist()))}
 
@@ -283,12 +263,14 @@ class MoA(Activation):
         return f"{','.join(self.names)}, gate={self.gate_kind}"
 
 
-def glu(act_gate, act_up, g, u, coefs_gate, coefs_up):
-    """φ_gate(g) ⊙ φ_up(u). Two mixtures (la_glu, moa_glu) run as one product, so that the lean path can fuse them."""
+def glu(act_gate, act_up, g, u, gates_gate, gates_up):
+    """φ_gate(g) ⊙ φ_up(u). Two mixtures (la_glu, moa_glu) run as one product that keeps only g, u and their weights
+    for backward: two products, each keeping its inputs, would also keep both mixtures' outputs."""
     if isinstance(act_gate, (LA, MoA)) and isinstance(act_up, (LA, MoA)):
-        cg, cu = act_gate.coefficients(coefs_gate), act_up.coefficients(coefs_up)
-        return formula_or_lean(mix_product, memory_lean.mix_glu, g, u, cg, cu, act_gate.basis, act_up.basis)
-    return act_gate(g, coefs_gate) * act_up(u, coefs_up)
+        # each side's weights: MoA's per-token gates c(x), or LA's α (no gates), one row for every token
+        cg, cu = (a.alpha if c is None else c for a, c in ((act_gate, gates_gate), (act_up, gates_up)))
+        return keep_inputs(mix_product, g, u, cg, cu, act_gate.basis, act_up.basis)
+    return act_gate(g, gates_gate) * act_up(u, gates_up)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -300,10 +282,10 @@ def glu(act_gate, act_up, g, u, coefs_gate, coefs_up):
 def xielu_formula(h, a_p, a_n, beta, eps):
     """φ(h) = α_p·h² + β·h for h > 0, α_n·(expm1(min(h, ε)) − h) + β·h for h ≤ 0, with α_p = softplus(a_p),
     α_n = β + softplus(a_n); in fp32 (at least), returned in h's dtype."""
-    hf = memory_lean.fp32(h)
+    hf = fp32(h)
     alpha_p, alpha_n = F.softplus(a_p), beta + F.softplus(a_n)
     pos = alpha_p * hf * hf + beta * hf
-    # min(h, ε) whose slope at h = ε is 1, as the derivative below takes it (torch.clamp's tie rule varies by version)
+    # min(h, ε) with slope 1 at h = ε itself, the same in every torch version (torch.clamp's tie rule varies by version)
     neg = alpha_n * (torch.expm1(torch.where(hf <= eps, hf, eps)) - hf) + beta * hf
     return torch.where(hf > 0, pos, neg).to(h.dtype)
 
@@ -324,8 +306,8 @@ class XIELU(Activation):
         self.a_p = nn.Parameter(torch.tensor(inv_softplus(alpha_p_init)))
         self.a_n = nn.Parameter(torch.tensor(inv_softplus(alpha_n_init - beta)))
 
-    def forward(self, h, coefs=None):
-        return formula_or_lean(xielu_formula, memory_lean.xielu, h, self.a_p, self.a_n, self.beta, self.eps)
+    def forward(self, h, gates=None):
+        return keep_inputs(xielu_formula, h, self.a_p, self.a_n, self.beta, self.eps)
 
     def learned(self, x):
         return {"alpha_p": F.softplus(self.a_p).item(), "alpha_n": (self.beta + F.softplus(self.a_n)).item()}
@@ -367,8 +349,8 @@ def baseline_of(variant):
 
 
 def _fixed(name):
-    if name not in BASIS:  # a fixed activation is defined once, as a dictionary entry with its derivative
-        raise ValueError(f"_fixed({name!r}) needs BASIS[{name!r}] = (φ, φ'): add it to BASIS above")
+    if name not in BASIS:  # a fixed activation is defined once, as a dictionary entry
+        raise ValueError(f"_fixed({name!r}) needs BASIS[{name!r}] = φ: add it to BASIS above")
     return lambda cfg, branch: Fixed(name)
 
 

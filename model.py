@@ -158,12 +158,12 @@ class FFN(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        # token_coefs(x): MoA's per-token coefficients from the FFN input (None for the other activations)
+        # token_gates(x): MoA's per-token gates from the FFN input (None for the other activations)
         if self.act_up is None:
-            h = self.act(self.w_up(x), self.act.token_coefs(x))
+            h = self.act(self.w_up(x), self.act.token_gates(x))
         else:
             h = glu(self.act, self.act_up, self.w_gate(x), self.w_up(x),
-                    self.act.token_coefs(x), self.act_up.token_coefs(x))
+                    self.act.token_gates(x), self.act_up.token_gates(x))
         return self.dropout(self.w_down(h)), torch.zeros(2, device=x.device)  # no MoE losses
 
     def learned(self, x):
@@ -228,12 +228,12 @@ class MoE(nn.Module):
         xs = x[token]
         mm = lambda a, w: expert_matmul(a, w, offs, self.use_grouped_mm)
         # MoA's gates: computed once per token, then gathered for each (token, expert) pair
-        coef_rows = lambda act: None if (c := act.token_coefs(x)) is None else c[token]
+        gate_rows = lambda act: None if (c := act.token_gates(x)) is None else c[token]
         if self.act_up is None:
-            h = self.act(mm(xs, self.w_up), coef_rows(self.act))
+            h = self.act(mm(xs, self.w_up), gate_rows(self.act))
         else:
             h = glu(self.act, self.act_up, mm(xs, self.w_gate), mm(xs, self.w_up),
-                    coef_rows(self.act), coef_rows(self.act_up))
+                    gate_rows(self.act), gate_rows(self.act_up))
         y = mm(h, self.w_down) * weights.reshape(-1)[order, None].to(h.dtype)
         out = torch.zeros_like(x, dtype=y.dtype).index_add_(0, token, y)
 

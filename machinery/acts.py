@@ -48,10 +48,10 @@ def phi_curves(act, grid, h, x):
     own pre-activations is what the FFN computes there, or φ depends on the token in a way curves does not draw and
     its picture would be wrong."""
     k = max(1, h.shape[-1] // 4)  # a part of the row: a φ that normalises over the row gives other values there
-    computed = act(h, act.token_coefs(x))[:1, :k]  # over every row, as the FFN computes it
+    computed = act(h, act.token_gates(x))[:1, :k]  # over every row, as the FFN computes it
     if not torch.allclose(act.curves(h[0, :k], h[:1], x[:1]), computed, rtol=1e-4, atol=1e-5):
         raise UserError(f"cannot draw {type(act).__name__}: its φ at a point depends on more of the token than "
-                        f"token_coefs(x) gives it; override Activation.curves(grid, h, x) to draw it per token, as "
+                        f"token_gates(x) gives it; override Activation.curves(grid, h, x) to draw it per token, as "
                         f"Poly does for PolyNorm's norm.")
     return act.curves(grid, h, x)
 
@@ -128,7 +128,7 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
         branches = {n: branch_report(acts[n], init, rows[n], x_rows, bins) for n, init in zip(rows, init_acts)}
         # the gate panels: each activation with per-token coefficients, named by its dictionary (MoA) or numbered
         gates = {n: gate_report(c, getattr(a, 'names', range(c.shape[-1]))) for n, a in acts.items()
-                 if (c := a.token_coefs(x_rows)) is not None}
+                 if (c := a.token_gates(x_rows)) is not None}
         layer = {'moe': usage is not None, 'branches': branches, 'gates': gates}
         if usage is not None:
             layer['expert_tokens'] = usage

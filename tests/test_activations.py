@@ -1,8 +1,8 @@
 """The activations equal their papers' formulas (independent float64 references written here, not imported): every
 dictionary entry, every MoA gate and every FFN variant of the registry, values and gradients; exactly where an
 equivalence is claimed (LA one-hot = the fixed activation, MoA with zero gates = LA, bi-sided GLUs = SwiGLU); the
-memory-lean Functions of memory_lean.py equal the plain formulas and pass float64 gradcheck; and they keep no more memory for
-backward than the baselines do."""
+formulas pass float64 gradcheck as training runs them; a run follows an edit of a formula, eager and compiled; and the
+learned activations keep no more memory for backward than the baselines do."""
 import contextlib
 import io
 import json
@@ -12,18 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.checkpoint import checkpoint
 
 import activations as A
 import train
 from bench import saved_bytes_for_backward
-from machinery import memory_lean
 from model import FFN, GPT, GPTConfig
 
 torch.manual_seed(0)
 ROOT = Path(__file__).resolve().parent.parent
 LEARNED = [v for v in A.VARIANTS if A.VARIANTS[v].extras(GPTConfig(ffn=v)) > 0]  # variants with learned extras
-# the variants whose eager activations run a memory-lean Function of memory_lean.py (found by the modules they build)
-LEAN = [v for v in LEARNED if isinstance(A.make_activations(GPTConfig(ffn=v))[0], (A.Poly, A.LA, A.MoA, A.XIELU))]
 MOA = [v for v in A.VARIANTS if isinstance(A.make_activations(GPTConfig(ffn=v))[0], A.MoA)]
 ALPHA_GATES = [g for g in A.MOA_GATES if A.MoA(["relu"], 4, gate=g).alpha is not None]  # the gates that contain LA
 PAPER_DICT = "identity,relu,relu2,gelu,silu,leaky_relu,tanh"  # the paper's dictionary, as its public summaries report
@@ -150,18 +148,17 @@ def test_every_ffn_computes_its_reference_formula(variant):
 
 # ---- the dictionary --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(A.BASIS))
-def test_dictionary_entries_and_their_derivatives_are_the_textbook_functions(name):
+def test_dictionary_entries_and_their_slopes_are_the_textbook_functions(name):
     ref = ref_basis(name)
-    fn, grad_fn = A.BASIS[name]
     h = torch.linspace(-6, 6, 1001, dtype=torch.float64).requires_grad_(True)
-    torch.testing.assert_close(fn(h), ref(h))
-    (slope,) = torch.autograd.grad(ref(h).sum(), h)
-    torch.testing.assert_close(grad_fn(h.detach()) * torch.ones_like(h), slope)
+    torch.testing.assert_close(A.BASIS[name](h), ref(h))
+    for got, want in zip(*(torch.autograd.grad(fn(h).sum(), h) for fn in (A.BASIS[name], ref))):
+        torch.testing.assert_close(got, want)
 
 
 def test_the_dictionarys_tanh_is_torch_tanh_exactly_in_fp32():
     h = torch.cat([torch.linspace(-20, 20, 100_001), torch.tensor([1e-5, -1e-5, 1e-30, 0.0, 88.8, -1e30])])
-    assert torch.equal(A.BASIS["tanh"][0](h), torch.tanh(h))
+    assert torch.equal(A.BASIS["tanh"](h), torch.tanh(h))
 
 
 @pytest.mark.parametrize("name", list(A.BASIS))
@@ -216,7 +213,7 @@ def test_la_and_moa_match_mixture_reference(gate):
             p.normal_()
     x = torch.randn(3, 5, 16, dtype=torch.float64)
     h = torch.randn(3, 5, 32, dtype=torch.float64)
-    torch.testing.assert_close(moa(h, moa.token_coefs(x)), mixture_reference(moa, x, h))
+    torch.testing.assert_close(moa(h, moa.token_gates(x)), mixture_reference(moa, x, h))
     la = A.LA(names).double()
     torch.testing.assert_close(la(h), mixture_reference(la, x, h))
 
@@ -224,7 +221,7 @@ def test_la_and_moa_match_mixture_reference(gate):
 @pytest.mark.parametrize("gate", A.MOA_GATES)
 @pytest.mark.parametrize("variant", MOA)
 def test_every_moa_gate_computes_its_reference_formula(variant, gate):
-    """Values and gradients in float64, through the memory-lean Function eager training runs, with the paper's
+    """Values and gradients in float64, through the checkpointed formula eager training runs, with the paper's
     dictionary."""
     check_ffn_against_reference(variant, moa_gate=gate, act_dict=PAPER_DICT)
 
@@ -251,9 +248,9 @@ def test_the_plain_sigmoid_gates_start_at_one_half_exactly(variant):
     acts = [m for m in model.modules() if isinstance(m, A.MoA)]
     assert len(acts) == 2 * (2 if A.VARIANTS[variant].gated else 1)
     for act in acts:
-        c = act.token_coefs(x)
+        c = act.token_gates(x)
         assert c.shape == (3, 5, 7) and torch.all(c == 0.5)
-        assert torch.equal(act(h, c), 0.5 * sum(A.BASIS[n][0](h) for n in PAPER_DICT.split(",")))
+        assert torch.equal(act(h, c), 0.5 * sum(A.BASIS[n](h) for n in PAPER_DICT.split(",")))
 
 
 def test_the_papers_moa_trains(shakespeare_char_dir, tmp_path):
@@ -279,7 +276,7 @@ def test_moa_with_zero_gates_equals_la_exactly(gate):
         la.alpha.copy_(alpha)
         moa.alpha.copy_(alpha)
     x, h = torch.randn(4, 10, 32), torch.randn(4, 10, 128)
-    assert torch.equal(moa(h, moa.token_coefs(x)), la(h))
+    assert torch.equal(moa(h, moa.token_gates(x)), la(h))
 
 
 @pytest.mark.parametrize("variant", ["la_glu", "moa_glu"])
@@ -354,54 +351,81 @@ def test_every_curve_through_a_tokens_own_inputs_is_what_its_ffn_computes(varian
             for p in act.parameters():  # off their init, so that MoA's gates differ between tokens
                 p.add_(0.3 * torch.randn_like(p))
             h, x = torch.randn(5, m), torch.randn(5, d)
-            computed = act(h, act.token_coefs(x))
+            computed = act(h, act.token_gates(x))
             for t in range(len(h)):
                 curve = act.curves(h[t, : m // 4], h[t : t + 1], x[t : t + 1])
                 torch.testing.assert_close(curve, computed[t : t + 1, : m // 4])
 
 
-# ---- the memory-lean Functions: equal to the plain formulas, and float64 gradcheck ---------------------------------
-def lean_and_formula_pairs():
-    """(name, lean call, formula call, float64 inputs that need gradients) for every Function of memory_lean.py."""
-    K, names = len(A.BASIS), tuple(A.BASIS)
-    h, u = (torch.randn(2, 3, 10, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    c_token, c_shared = torch.randn(2, 3, K, dtype=torch.float64), torch.randn(K, dtype=torch.float64)
-    c_up = torch.randn(2, 3, 3, dtype=torch.float64)
-    up = ("identity", "tanh", "silu")
+# ---- the formulas as training runs them: float64 gradcheck, and a run follows an edit of a formula ---------------
+def formula_calls():
+    """(name, formula, float64 inputs that need gradients) for every formula a learned activation runs."""
+    names, up = tuple(A.BASIS), ("identity", "tanh", "silu")
+    h, u = (torch.randn(2, 3, 10, dtype=torch.float64) for _ in range(2))
+    shapes = [(2, 3, len(names)), (len(names),), (2, 3, 3)]
+    c_token, c_shared, c_up = (torch.randn(*shape, dtype=torch.float64) for shape in shapes)
     a = torch.randn(4, dtype=torch.float64)
     ap, an = torch.tensor(0.3, dtype=torch.float64), torch.tensor(-0.2, dtype=torch.float64)
     h_away = torch.cat([torch.linspace(-5, -0.01, 20), torch.linspace(0.01, 5, 20)]).double()  # off xIELU's kinks
-    pairs = [(f"poly relu={r} norm={n}", lambda h, a, r=r, n=n: memory_lean.poly(h, a, r, n, 1e-6),
-              lambda h, a, r=r, n=n: A.poly_formula(h, a, r, n), (h, a)) for r, n in [(0, 1), (1, 0), (1, 1)]]
-    pairs += [("mix per token", lambda h, c: memory_lean.mix(h, c, basis(names)), lambda h, c: A.mix_formula(h, c, basis(names)),
-               (h, c_token)),
-              ("mix shared", lambda h, c: memory_lean.mix(h, c, basis(names)), lambda h, c: A.mix_formula(h, c, basis(names)),
-               (h, c_shared)),
-              ("mix glu", lambda g, u, cg, cu: memory_lean.mix_glu(g, u, cg, cu, basis(names), basis(up)),
-               lambda g, u, cg, cu: A.mix_product(g, u, cg, cu, basis(names), basis(up)), (h, u, c_token, c_up)),
-              ("xielu", lambda h, a, b: memory_lean.xielu(h, a, b, 0.5, -1e-6), lambda h, a, b: A.xielu_formula(h, a, b, 0.5, -1e-6),
-               (h_away, ap, an))]
-    return [(name, fl, ff, tuple(t.detach().clone().requires_grad_(True) for t in args)) for name, fl, ff, args in pairs]
+    calls = [(f"poly relu={r} norm={n}", lambda h, a, r=r, n=n: A.poly_formula(h, a, r, n), (h, a))
+             for r, n in [(False, True), (True, False), (True, True)]]
+    calls += [("mix per token", lambda h, c: A.mix_formula(h, c, basis(names)), (h, c_token)),
+              ("mix shared", lambda h, c: A.mix_formula(h, c, basis(names)), (h, c_shared)),
+              ("mix glu", lambda g, u, cg, cu: A.mix_product(g, u, cg, cu, basis(names), basis(up)),
+               (h, u, c_token, c_up)),
+              ("xielu", lambda h, a, b: A.xielu_formula(h, a, b, 0.5, -1e-6), (h_away, ap, an))]
+    return [(name, f, tuple(t.clone().requires_grad_(True) for t in args)) for name, f, args in calls]
 
 
-@pytest.mark.parametrize("name,lean_fn,formula,args", lean_and_formula_pairs(), ids=lambda x: x if isinstance(x, str) else "")
-def test_lean_functions_equal_the_plain_formulas_and_pass_gradcheck(name, lean_fn, formula, args):
-    y, y_ref = lean_fn(*args), formula(*args)
-    torch.testing.assert_close(y, y_ref)
-    g = torch.randn_like(y)
-    for got, want in zip(torch.autograd.grad(y, args, g), torch.autograd.grad(y_ref, args, g)):
-        torch.testing.assert_close(got, want)
-    assert torch.autograd.gradcheck(lean_fn, args)
+@pytest.mark.parametrize("name,formula,args", formula_calls(), ids=lambda x: x if isinstance(x, str) else "")
+def test_every_formula_passes_gradcheck_as_eager_training_runs_it(name, formula, args):
+    """Through keep_inputs, which reruns the formula in backward (torch's checkpoint), as an eager step does."""
+    assert torch.autograd.gradcheck(lambda *a: A.keep_inputs(formula, *a), args)
 
 
-def test_the_lean_xielu_backward_matches_autograd_at_its_kinks():
-    """At h = 0 and h = ε, where finite differences straddle a kink, the Function's slope is the formula's."""
-    h = torch.tensor([0.0, -1e-7, 1e-7, -1e-6, -2e-6], dtype=torch.float64, requires_grad=True)
-    ap, an = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (0.3, -0.2))
-    got = torch.autograd.grad(memory_lean.xielu(h, ap, an, 0.5, -1e-6).sum(), (h, ap, an))
-    want = torch.autograd.grad(A.xielu_formula(h, ap, an, 0.5, -1e-6).sum(), (h, ap, an))
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b)
+FORMULAS = [n for n in vars(A) if n.endswith("_formula")]  # poly_formula, mix_formula, xielu_formula, ...
+
+
+def loss_and_grads(variant, compiled):
+    """One step of a 1-layer GPT on a CPU: its loss and every parameter's gradient."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64, ffn=variant))
+    with torch.no_grad():  # off the init, so that every learned scalar and gate matters
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    x = torch.randint(0, 64, (2, 16))
+    torch._dynamo.reset()  # compiled: trace the formulas as they are now
+    loss = (torch.compile(model) if compiled else model)(x, x)[1]
+    loss.backward()
+    return loss.detach(), [p.grad for p in model.parameters()]
+
+
+def check_a_run_follows_an_edit_of_its_formula(variant, compiled, monkeypatch):
+    """A learner's edit of a formula in activations.py (its value times 3, here of every *_formula at once) changes
+    the run's loss and gradients, which then equal plain autograd's through the edited formula."""
+    before = loss_and_grads(variant, compiled)
+    for name in FORMULAS:
+        monkeypatch.setattr(A, name, lambda *a, formula=getattr(A, name), **k: 3 * formula(*a, **k))
+    edited = loss_and_grads(variant, compiled)
+    monkeypatch.setattr(A, "keep_inputs", lambda formula, *args: formula(*args))
+    plain = loss_and_grads(variant, compiled=False)
+    assert not torch.allclose(edited[0], before[0])
+    assert any(not torch.allclose(a, b) for a, b in zip(edited[1], before[1]))
+    tol = dict(rtol=1e-4, atol=1e-5) if compiled else dict(rtol=0, atol=0)
+    torch.testing.assert_close(edited[0], plain[0], **tol)
+    for a, b in zip(edited[1], plain[1]):
+        torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.parametrize("variant", LEARNED)
+def test_an_eager_cpu_run_follows_an_edit_of_the_formula(variant, monkeypatch):
+    check_a_run_follows_an_edit_of_its_formula(variant, False, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", LEARNED)
+def test_a_compiled_cpu_run_follows_an_edit_of_the_formula(variant, monkeypatch):
+    check_a_run_follows_an_edit_of_its_formula(variant, True, monkeypatch)
 
 
 # ---- memory --------------------------------------------------------------------------------------------------------
@@ -411,7 +435,7 @@ def saved_bytes(variant, d=128):
     return saved_bytes_for_backward(lambda m, x: m(x)[0], ffn, x)[0]
 
 
-@pytest.mark.parametrize("variant", LEAN)
+@pytest.mark.parametrize("variant", LEARNED)
 def test_learned_variants_keep_no_more_for_backward_than_their_baseline(variant):
     ratio = saved_bytes(variant) / saved_bytes(A.baseline_of(variant))
     assert ratio <= 1.05, f"{variant} keeps {ratio:.2f}x the bytes of {A.baseline_of(variant)} for backward"
@@ -421,9 +445,9 @@ def test_naive_polynorm_would_keep_much_more():
     """The measurement can fail: plain autograd of the PolyNorm formula keeps several hidden-width tensors."""
     h = torch.randn(4, 64, 512, requires_grad=True)
     a = torch.randn(4, requires_grad=True)
-    naive, _ = saved_bytes_for_backward(lambda h: poly_reference("polynorm", h, a), h)
-    lean_bytes, _ = saved_bytes_for_backward(lambda h: memory_lean.poly(h, a, False, True, 1e-6), h)
-    assert naive > 3 * lean_bytes
+    naive, _ = saved_bytes_for_backward(lambda h: A.poly_formula(h, a, False, True), h)
+    kept, _ = saved_bytes_for_backward(lambda h: A.keep_inputs(A.poly_formula, h, a, False, True), h)
+    assert naive > 3 * kept
 
 
 def test_activations_py_holds_ideas_not_compiler_machinery():
@@ -468,12 +492,13 @@ def dynamo_ops(fn, *args):
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", LEARNED)
 def test_compiled_learned_activations_run_the_plain_formula(variant):
-    """Compiled, the learned activations hold no custom autograd Function, which AOTAutograd's on-disk cache would
-    refuse to store. (The check can fail: a lean Function, compiled, does show up.)"""
+    """Compiled, the learned activations run their plain formula, with no checkpoint: Inductor chooses what backward
+    keeps. (The check can fail: keep_inputs's checkpoint, compiled, does show up.)"""
     ffn = FFN(GPTConfig(n_embd=32, n_head=4, ffn=variant))
-    assert "autograd_function_apply" not in dynamo_ops(ffn, torch.randn(2, 8, 32))
+    assert "tag_activation_checkpoint" not in dynamo_ops(ffn, torch.randn(2, 8, 32, requires_grad=True))
     h, c = torch.randn(2, 8, 40, requires_grad=True), torch.randn(len(A.BASIS), requires_grad=True)
-    assert "autograd_function_apply" in dynamo_ops(lambda h, c: memory_lean.mix(h, c, basis(A.BASIS)), h, c)
+    checkpointed = lambda h, c: checkpoint(A.mix_formula, h, c, basis(A.BASIS), use_reentrant=False)
+    assert "tag_activation_checkpoint" in dynamo_ops(checkpointed, h, c)
 
 
 @pytest.mark.slow

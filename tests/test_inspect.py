@@ -175,7 +175,7 @@ def test_moved_after_training(compared):
 class RowSoftmax(activations.Activation):
     """φ(h)_j = exp(h_j) / Σ_k exp(h_k): its value at a point depends on the token's other channels."""
 
-    def forward(self, h, coefs=None):
+    def forward(self, h, gates=None):
         return torch.softmax(h, -1)
 
 

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = [
     # what everything stands on, knowing nothing of the ideas: the command line, files, hardware, the optimisations
     # the ideas use, statistics, pictures and reports
-    {'machinery', 'machinery.cli', 'machinery.files', 'machinery.run_log', 'machinery.device', 'machinery.memory_lean',
+    {'machinery', 'machinery.cli', 'machinery.files', 'machinery.run_log', 'machinery.device',
      'machinery.grouped_matmul', 'machinery.progress', 'machinery.wandb_log', 'machinery.stats', 'machinery.plots',
      'machinery.report', 'machinery.placement'},
     {'activations', 'model'},  # the ideas
@@ -64,7 +64,7 @@ def test_no_circle_and_no_command_imports_another():
         assert name not in below, f"a circle of imports: {' -> '.join(below + (name,))}"
         return 1 + max((floor(other, below + (name,)) for other in graph[name]), default=0)
 
-    assert max(map(floor, graph)) <= 7  # the longest chain: memory_lean, activations, model, configurator,
-    # checkpoint, runs, compare
+    assert max(map(floor, graph)) <= 6  # the longest chain: activations, model, configurator, checkpoint, runs,
+    # compare
     for command in COMMANDS:
         assert not graph[command] & COMMANDS, f"{command} imports {graph[command] & COMMANDS}"

@@ -32,9 +32,9 @@ def naive_moe(moe, x):
         y = 0
         for wi, ei in zip(w, e):
             if moe.act_up is None:
-                h = moe.act(xt @ moe.w_up[ei], moe.act.token_coefs(xt))
+                h = moe.act(xt @ moe.w_up[ei], moe.act.token_gates(xt))
             else:
-                h = glu(moe.act, moe.act_up, xt @ moe.w_gate[ei], xt @ moe.w_up[ei], moe.act.token_coefs(xt), moe.act_up.token_coefs(xt))
+                h = glu(moe.act, moe.act_up, xt @ moe.w_gate[ei], xt @ moe.w_up[ei], moe.act.token_gates(xt), moe.act_up.token_gates(xt))
             y = y + wi * (h @ moe.w_down[ei])
         out.append(y[0])
     return torch.stack(out).view_as(x)
