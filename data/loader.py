@@ -124,7 +124,7 @@ class DataLoader:
                 raise UserError(f"no {name} shard of dataset {dataset} holds block_size + 1 = {block_size + 1} tokens; "
                                 f"use a smaller block_size.")
         self.step = 0  # micro-batches this rank has returned
-        self.batch_hash = hashlib.sha256().hexdigest()
+        self.batch_hash = self.prev_hash = hashlib.sha256().hexdigest()  # the chain now, and before the last batch
         self._val_cache = []
 
     @property
@@ -139,7 +139,7 @@ class DataLoader:
         """The next training micro-batch of this rank: (x, y) int64 tensors of shape (batch_size, block_size)."""
         windows = self._windows(self.rank + self.world_size * self.step)  # its number in the shared stream
         self.step += 1
-        self.batch_hash = chain(self.batch_hash, windows)
+        self.prev_hash, self.batch_hash = self.batch_hash, chain(self.batch_hash, windows)
         return _to_xy(windows)
 
     def val_batches(self, n_batches):
@@ -152,12 +152,12 @@ class DataLoader:
     def state_dict(self):
         return {"dataset": self.dataset, "seed": self.seed, "batch_size": self.batch_size,
                 "block_size": self.block_size, "rank": self.rank, "world_size": self.world_size, "step": self.step,
-                "batch_hash": self.batch_hash}
+                "batch_hash": self.batch_hash, "prev_hash": self.prev_hash}
 
     def load_state_dict(self, state, tokens):
         """Continues the stream exactly where the saved loader stopped, re-split if the world size changed, once its
         position is proven, since an exact resume is promised: the run's token count (tokens) says how many
-        micro-batches all its processes drew, and those of the saved rank, drawn again, hash to its batch_hash."""
+        micro-batches all its processes drew, and the saved rank's last one, drawn again, closes its hash chain."""
         for key in ("dataset", "seed", "batch_size", "block_size"):
             if state[key] != getattr(self, key):
                 raise ValueError(f"its data stream was saved with {key}={state[key]!r} but this run has "
@@ -169,14 +169,14 @@ class DataLoader:
         if consumed % self.world_size:
             raise UserError(f"cannot resume the data stream: {consumed} micro-batches were consumed, which does not "
                             f"split evenly over {self.world_size} processes; resume with world size {state['world_size']}.")
-        replayed = hashlib.sha256().hexdigest()
-        for step in range(state["step"]):
-            replayed = chain(replayed, self._windows(state["rank"] + state["world_size"] * step))
-        if replayed != state["batch_hash"]:
-            raise ValueError("its data stream's batch_hash is not that of the batches before its position (another "
+        # the last batch drawn again must close the saved chain: another stream, or a dataset prepared again, does not
+        # (one batch, not the whole stream, so that a resume costs no more than a step)
+        last = state["rank"] + state["world_size"] * (state["step"] - 1)  # its number in the shared stream
+        if state["step"] and chain(state["prev_hash"], self._windows(last)) != state["batch_hash"]:
+            raise ValueError("its data stream's batch_hash is not that of the batch before its position (another "
                              "stream, or the dataset was prepared again)")
         self.step = consumed // self.world_size
-        self.batch_hash = state["batch_hash"]
+        self.batch_hash, self.prev_hash = state["batch_hash"], state["prev_hash"]
 
 
 def chain(batch_hash, windows):
