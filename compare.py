@@ -7,7 +7,7 @@ Run a comparison: train FFN variants side by side on the same batches, N runs at
     python compare.py config/compare_ladder_shakespeare_char.py             # a scaling ladder (--sizes)
     python compare.py --help                                                # every key, as a bare run has it
 
-Each run is a plain train.py run in its own directory (machinery/runs.py), read once per invocation. The steps: plan, read the
+Each run is a plain train.py run in its own directory (comparison/runs.py), read once per invocation. The steps: plan, read the
 runs, train what is missing, extend a sweep where a best rate is at an edge, train each variant at its best rate on
 fresh seeds (a sweep's verdict), report. The same command again reuses finished and stopped runs, resumes cut-off ones
 and refuses other settings unless --overwrite=True. Writes summary.md, summary.json, loss.png and acts.png into out_dir
@@ -26,14 +26,14 @@ import time
 import configurator
 from configurator import (TYPES, at_rate, check, check_variants, memory_needs, meta_model, scale_counts,
                           variant_rates, variant_settings)
-from machinery import acts, ladder, placement, plots, report, stats
+from comparison import acts, ladder, placement, plots, report, stats
 from machinery.cli import RunStopped, UserError, parse_args, raise_terminated, run_cli, split_list
 from machinery.device import compile_cache_dir, resolve_device, resolve_dtype
 from machinery.files import (HELD, LOCK, LOCK_FD_ENV, check_writable, ctrl_c_held, remove_dead_temps,
                              try_lock_run_dir, write_json)
 from machinery.progress import progress_bar
 from machinery.run_log import LOG, clear_stopped, parse_record
-from machinery.runs import FINISHED, PLAN, TRAIN_OUT, command_line, identifies, make_run, scan, tuning_key
+from comparison.runs import FINISHED, PLAN, TRAIN_OUT, command_line, identifies, make_run, scan, tuning_key
 
 COMPARE_DEFAULTS = dict(
     variants='gelu,swiglu',  # comma-separated ffn names (activations.VARIANTS); gelu@8e-3: a variant at its own rate

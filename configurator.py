@@ -12,7 +12,8 @@ import torch
 
 from activations import VARIANTS, check_variant, make_activations
 from machinery import device
-from machinery.cli import UserError, parse_args, split_list
+from machinery.checkpoint import CKPT, loading, model_state
+from machinery.cli import UserError, coerce, parse_args, split_list
 from machinery.files import read_json
 from model import GPT, GPTConfig
 
@@ -241,3 +242,62 @@ def check(cfg):
         except Exception as e:
             raise UserError(f"--wandb_log=True needs the wandb package, which cannot be imported here "
                             f"({type(e).__name__}: {e}); pip install wandb, or drop --wandb_log.") from None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a run's settings and model from its checkpoint (read by machinery/checkpoint.py)
+
+
+def damage_if_refused(read):
+    """read(), where the checks of a person's settings (a UserError) find the checkpoint's own settings damaged."""
+    try:
+        return read()
+    except UserError as e:
+        raise ValueError(e) from None
+
+
+def resumed_settings(cfg, given, ckpt):
+    """A resumed run's settings: the checkpoint's, with only the keys given explicitly on top; its model keys and data
+    stream cannot change."""
+    with loading(os.path.join(cfg['out_dir'], CKPT)):  # its settings read as a command line's are
+        saved = damage_if_refused(lambda: {k: coerce(k, v, TYPES.get(k, type(DEFAULTS[k])), DEFAULTS[k], 'its config: ')
+                                           for k, v in ckpt['config'].items() if k in DEFAULTS})
+        kept = {**{k: saved[k] for k in STREAM_KEYS}, **{k: ckpt['model_args'][k] for k in MODEL_KEYS}}
+    for key, was in kept.items():
+        if key in given and cfg[key] != was and not (key == 'vocab_size' and cfg[key] == 0):
+            raise UserError(f"--{key}={cfg[key]} differs from the checkpoint's {was!r}; a resumed run keeps its "
+                            f"model and data stream, so drop --{key} or train a new run in another out_dir.")
+    resumed = {**DEFAULTS, **saved, **{k: cfg[k] for k in given}}
+    return {**resumed, 'init_from': 'resume', 'out_dir': cfg['out_dir']}  # the run may have been moved since
+
+
+def model_args(cfg, meta, ckpt):
+    """The model keys of a run: its checkpoint's, or its settings' with vocab_size 0 as the dataset's (meta)."""
+    if ckpt is not None:
+        vocabulary = lambda m: [m.get(k) for k in ('tokenizer', 'vocab_size', 'itos')]
+        with loading(os.path.join(cfg['out_dir'], CKPT)):
+            same, args = vocabulary(ckpt['meta']) == vocabulary(meta), dict(ckpt['model_args'])
+        if not same:
+            raise UserError(f"{cfg['dataset']} has another vocabulary than this run trained on (prepared again?); "
+                            f"resume with the data it trained on, or train a new run in another out_dir.")
+        return args
+    if 0 < cfg['vocab_size'] < meta['vocab_size']:
+        raise UserError(f"--vocab_size={cfg['vocab_size']} is smaller than the dataset's {meta['vocab_size']} tokens; "
+                        f"leave it at 0 to take the dataset's.")
+    return {**{k: cfg[k] for k in MODEL_KEYS}, 'vocab_size': cfg['vocab_size'] or meta['vocab_size']}
+
+
+def checkpoint_model(ckpt, path):
+    """The GPT a checkpoint describes (its model_args), holding its weights: load_state_dict(strict=True) checks that
+    they fit it, and a checkpoint only ever holds finite weights."""
+    with loading(path):
+        config, weights = damage_if_refused(lambda: model_config(ckpt['model_args'])), model_state(ckpt['model'])
+        if sum(v.numel() for v in weights.values()) < min_params(config):  # refused before building a model that big
+            raise ValueError(f"its weights hold fewer values than the {min_params(config):,} parameters of the model "
+                             f"its model_args describe")
+        model = GPT(config)
+        model.load_state_dict(weights)
+    if not all(bool(p.isfinite().all()) for p in model.parameters()):
+        raise UserError(f"the checkpoint {path} (iteration {ckpt['iter_num']}) holds non-finite weights, so it cannot "
+                        f"be used; train the run again with a lower learning_rate.")
+    return model

@@ -9,13 +9,13 @@ Writes RUN/acts.png, one row per layer, and its numbers in RUN/acts.json: the le
 (dashed) over the 0.5-99.5% range of the layer's pre-activations h, their histogram behind, for each branch of a GLU;
 what each part logged over training (log.jsonl's `act`); MoA's c_k(x) over tokens; an MoE's tokens per expert.
 
-How it is computed and drawn: machinery/acts.py.
+How it is computed and drawn: comparison/acts.py.
 """
 from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
 import sys
 
-from machinery.acts import inspect, short_label, write
+from comparison.acts import inspect, short_label, write
 from machinery.cli import parse_args, run_cli
 from machinery.device import resolve_device
 from machinery.files import check_writable

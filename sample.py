@@ -15,9 +15,10 @@ import sys
 
 import torch
 
+from configurator import checkpoint_model
 from data.tokenizer import get_tokenizer
 from machinery import device
-from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint, loading
+from machinery.checkpoint import CKPT, load_checkpoint, loading
 from machinery.cli import UserError, parse_args, read_text, run_cli
 
 DEFAULTS = dict(

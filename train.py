@@ -36,7 +36,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import DEFAULTS, TYPES, check, check_memory, model_config
+from configurator import (DEFAULTS, TYPES, check, check_memory, checkpoint_model, model_args, model_config,
+                          resumed_settings)
 from data.loader import open_loader
 from machinery import checkpoint as ckpt_io, device, wandb_log
 from machinery.cli import UserError, parse_args, run_cli
@@ -53,7 +54,7 @@ def settings(argv):
     if cfg['init_from'] == 'resume':
         checkpoint = ckpt_io.load_checkpoint(cfg['out_dir'], "point --out_dir at an earlier run's directory or start "
                                                               "one with --init_from=scratch.")
-        cfg = ckpt_io.resumed_settings(cfg, given, checkpoint)
+        cfg = resumed_settings(cfg, given, checkpoint)
     check(cfg)
     return cfg, checkpoint
 
@@ -122,10 +123,10 @@ def set_up(cfg, checkpoint):
     r.accumulation = cfg['gradient_accumulation_steps']
     r.tokens_per_iter = r.accumulation * hw.world_size * cfg['batch_size'] * cfg['block_size']
     # the model: raw_model is the plain module (checkpoints, reports, MFU), model what trains (compiled, DDP)
-    r.model_args = ckpt_io.model_args(cfg, r.loader.meta, checkpoint)
+    r.model_args = model_args(cfg, r.loader.meta, checkpoint)
     if hw.device_type == 'cuda':  # settings() checked the GPU's total memory; now what others left free
         check_memory(cfg, model_config(r.model_args), where=hw.device)
-    r.raw_model = (ckpt_io.checkpoint_model(checkpoint, r.ckpt_path) if checkpoint else
+    r.raw_model = (checkpoint_model(checkpoint, r.ckpt_path) if checkpoint else
                    GPT(model_config(r.model_args))).to(hw.device)
     r.optimizer = r.raw_model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
                                                    (cfg['beta1'], cfg['beta2']), hw.device_type)
@@ -138,7 +139,7 @@ def set_up(cfg, checkpoint):
     r.eval_model = r.model.module if hw.ddp else r.model  # no DDP hooks in evaluation
     r.iter_num, r.best_val_loss, r.tokens, r.train_time, r.saved_iter = 0, float('inf'), 0, 0.0, None
     if checkpoint is not None:  # optimizer, scaler, counters, and every rank's data stream and RNG, exactly
-        ckpt_io.restore(checkpoint, r)
+        restore(checkpoint, r)
     r.lock = r.wandb_run = None
     r.kept = lambda: (f"the last good checkpoint {r.ckpt_path} (iteration {r.saved_iter}) is kept"  # when it stops
                       if r.saved_iter is not None else 'no checkpoint had been written yet')
@@ -156,6 +157,35 @@ def set_up(cfg, checkpoint):
               + (f" ({cfg['compile_mode']}, cache {device.compile_cache_dir()})" if r.compiled else '')
               + (f", resuming at iteration {r.iter_num}" if checkpoint else ''))
     return r
+
+
+def restore(ckpt, r):
+    """A resume of the run r from its checkpoint (save_checkpoint wrote it): the optimizer's moments (its settings, weight_decay and betas
+    and the device's fused kernel, are this run's), the loss scaler, the counters, and this process's data stream and
+    RNG, exactly when the run has as many processes as the one that saved it (else the stream continues, re-split,
+    and dropout's RNG does not). Each is checked by its owner as it loads."""
+    with ckpt_io.loading(r.ckpt_path):
+        saved = ckpt['optimizer']
+        built = [{k: v for k, v in g.items() if k != 'params'} for g in r.optimizer.param_groups]
+        # merged before loading, which places each state by its group's kernel
+        r.optimizer.load_state_dict({**saved, 'param_groups': [{**s, **b} for s, b in zip(saved['param_groups'],
+                                                                                           built)]})
+        for p, state in r.optimizer.state.items():  # torch checks neither a moment's shape nor the steps taken
+            if not (sorted(state) == ['exp_avg', 'exp_avg_sq', 'step'] and state['exp_avg'].shape == p.shape
+                    and state['exp_avg_sq'].shape == p.shape and 0 <= state['step'] <= ckpt['iter_num']):
+                raise ValueError("its optimizer's state is not that of AdamW on this model after its steps")
+        if ckpt.get('scaler'):
+            r.scaler.load_state_dict(ckpt['scaler'])
+        r.iter_num, r.best_val_loss, r.tokens, r.train_time = (ckpt[k] for k in ('iter_num', 'best_val_loss',
+                                                                                 'tokens', 'train_time'))
+        same = ckpt['world_size'] == r.hw.world_size
+        r.loader.load_state_dict(ckpt['loader'][r.hw.rank if same else 0], r.tokens)
+        if same:
+            ckpt_io.set_rng_state(ckpt['rng'][r.hw.rank], r.hw.device_type)  # after the model's init used the RNG
+    r.saved_iter = r.iter_num
+    if not same and r.master:
+        print(f"note: the checkpoint was written by {ckpt['world_size']} process(es), this run has "
+              f"{r.hw.world_size}; the data stream continues, dropout randomness does not.")
 
 
 def step(r, lr, nan_at):
@@ -235,6 +265,27 @@ def write_log(r, record):
             r.wandb_run.log(wandb_log.fields(record), step=record['iter'])
 
 
+def save_checkpoint(r, val_loss):
+    """ckpt.pt at the run's current iteration, everything an exact continuation needs: the plain model's weights, the
+    optimizer and loss scaler, the settings and counters, and every process's RNG and loader state (the master
+    writes). A Ctrl-C waits for it, and a failed write leaves the previous checkpoint whole (write_checkpoint)."""
+    states = [mine := {'rng': ckpt_io.rng_state(r.hw.device_type), 'loader': r.loader.state_dict()}]
+    if r.hw.ddp:
+        states = [None] * r.hw.world_size
+        dist.all_gather_object(states, mine)
+    if r.master:
+        ckpt_io.write_checkpoint({
+            'model': ckpt_io.model_state(r.raw_model.state_dict()), 'optimizer': r.optimizer.state_dict(),
+            'scaler': r.scaler.state_dict() if r.scaler.is_enabled() else None, 'model_args': r.model_args,
+            'config': r.cfg, 'meta': r.loader.meta,  # meta: the tokenizer, to sample
+            'iter_num': r.iter_num, 'best_val_loss': r.best_val_loss, 'val_loss': val_loss, 'tokens': r.tokens,
+            'train_time': r.train_time, 'world_size': r.hw.world_size,
+            'compiled': r.compiled,  # whether its times are compiled or eager times
+            'rng': [s['rng'] for s in states], 'loader': [s['loader'] for s in states], 'log_lines': r.log_lines,
+        }, r.out_dir)
+    r.saved_iter = r.iter_num
+
+
 def train(r):
     """The loop: optimizer steps, a log line every log_interval, an evaluation and a checkpoint every eval_interval."""
     cfg, nan_at = r.cfg, int(os.environ.get('NANOFFN_NAN_AT', -1))
@@ -272,7 +323,7 @@ def train(r):
             write_log(r, record)  # before the checkpoint: the checkpoint at iteration k always follows line k
             if is_eval and (val_loss < r.best_val_loss or cfg['always_save_checkpoint']):
                 r.best_val_loss = min(r.best_val_loss, val_loss)
-                ckpt_io.save_checkpoint(r, val_loss)
+                save_checkpoint(r, val_loss)
             window, t_window, c_window = [], time.time(), compiling()  # evaluation and checkpoints left out
         failed = False
     except BaseException as e:

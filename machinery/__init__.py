@@ -1,2 +1,3 @@
-"""The machinery around nanoFFN's ideas (activations.py, model.py) and its commands (train, sample, compare, bench,
-inspect_run): one module for each thing it does. README.md's tree says which."""
+"""What every command stands on: settings from the command line (cli.py), the hardware (device.py), files written so
+that a failure loses nothing (files.py), a run's log and checkpoint (run_log.py, checkpoint.py), the MoE's grouped
+matmul, progress and Weights & Biases. It imports nothing of the project above it."""

@@ -320,7 +320,7 @@ def test_xielu_computes_in_fp32_under_autocast():
     torch.testing.assert_close(y.float(), act(h), rtol=1e-2, atol=1e-2)
 
 
-# ---- the curves the pictures draw (Activation.curves, machinery/acts.py) ----------------------------------------------
+# ---- the curves the pictures draw (Activation.curves, comparison/acts.py) ----------------------------------------------
 @pytest.mark.parametrize("kind", ["polynorm", "polyrelunorm"])
 @pytest.mark.parametrize("order", [2, 3, 4])
 def test_polynorm_curves_are_the_per_token_formula_in_float64(kind, order):

@@ -22,7 +22,7 @@ from test_docs import readme_variant_problems  # noqa: E402
 from test_hostile import TINY  # noqa: E402
 import activations as A  # noqa: E402
 import compare  # noqa: E402
-from machinery import acts  # noqa: E402
+from comparison import acts  # noqa: E402
 import test_activations as T  # noqa: E402
 import test_model  # noqa: E402
 import train  # noqa: E402

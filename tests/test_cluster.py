@@ -19,10 +19,12 @@ sys.path.insert(0, REPO)
 
 import compare  # noqa: E402
 from configurator import DEFAULTS, TYPES  # noqa: E402
-from machinery import placement, progress, runs  # noqa: E402
+from machinery import progress  # noqa: E402
+from comparison import runs  # noqa: E402
+from comparison import placement
 from machinery.cli import UserError, run_cli  # noqa: E402
 from machinery.files import read_json  # noqa: E402
-from machinery.runs import PLAN
+from comparison.runs import PLAN
 
 TINY = ['--seed=1337', '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
         '--lr_decay_iters=4', '--warmup_iters=1', '--eval_interval=2', '--eval_iters=2', '--log_interval=1',

@@ -25,9 +25,10 @@ sys.path.insert(0, REPO)
 from test_hostile import call
 import compare
 import configurator
-from machinery import files, report, run_log, runs
+from machinery import files, run_log
+from comparison import report, runs
 from machinery.cli import RunStopped, UserError, run_cli
-from machinery.runs import tuning_key
+from comparison.runs import tuning_key
 from model import GPT, GPTConfig
 
 
@@ -574,13 +575,14 @@ KILLED_TRAIN = """
 import os, runpy, signal, sys
 sys.path.insert(0, {repo!r})
 from machinery import checkpoint
-save = checkpoint.save_checkpoint
-def killed(r, val_loss):
-    if r.iter_num == r.cfg['max_iters'] and (r.cfg['ffn'], r.cfg['seed']) == {run!r}:
-        open(os.path.join(r.out_dir, f'.ckpt.pt.tmp{{os.getpid()}}'), 'wb').write(b'half')
+write = checkpoint.write_checkpoint
+def killed(ckpt, out_dir):
+    cfg = ckpt['config']
+    if ckpt['iter_num'] == cfg['max_iters'] and (cfg['ffn'], cfg['seed']) == {run!r}:
+        open(os.path.join(out_dir, f'.ckpt.pt.tmp{{os.getpid()}}'), 'wb').write(b'half')
         os.kill(os.getpid(), signal.SIGKILL)
-    save(r, val_loss)
-checkpoint.save_checkpoint = killed
+    write(ckpt, out_dir)
+checkpoint.write_checkpoint = killed
 sys.argv[0] = {train!r}
 runpy.run_path({train!r}, run_name='__main__')
 """

@@ -73,7 +73,7 @@ def test_the_default_comparisons_rates_are_the_shipped_sweeps_choice():
     """config/compare_shakespeare_char.py runs each variant at the rate its sweep chose, with the sweep's settings:
     the config and the shipped sweep cannot drift apart."""
     import compare
-    from machinery import report
+    from comparison import report
     cfg, sweep = compare.settings([]), shipped('sweep_shakespeare_char')
     assert cfg['tuned_lrs'] == report.tuned_lines(sweep).split("'")[1] and cfg['tuned_at'] == sweep['tuned_at']
     assert compare.check_comparison(cfg)['rates'] == {v: x['best'] for v, x in sweep['lr'].items()}

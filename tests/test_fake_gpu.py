@@ -237,7 +237,7 @@ def test_sharing_a_gpu_tests_a_micro_steps_flops_and_counts_each_runs_cuda_conte
                                                                                   shakespeare_char_dir):
     """A micro-step sets the kernels' sizes: accumulation makes a step longer, not the GPU fuller. Each process holds
     its own CUDA context beside its model."""
-    from machinery import placement
+    from comparison import placement
     data_dir = shakespeare_char_dir
     fake_gpu(n=1, total_gib=10)
     monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(16)), raising=False)

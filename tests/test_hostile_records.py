@@ -24,7 +24,8 @@ import inspect_run  # noqa: E402
 import sample  # noqa: E402
 import train  # noqa: E402
 from activations import VARIANTS  # noqa: E402
-from machinery import cli, report, run_log  # noqa: E402
+from machinery import cli, run_log  # noqa: E402
+from comparison import report
 from model import GPT, GPTConfig  # noqa: E402
 
 

@@ -22,7 +22,7 @@ sys.path.insert(0, REPO)
 import activations
 import compare
 import inspect_run
-from machinery.acts import inspect
+from comparison.acts import inspect
 import train
 from data.loader import DataLoader
 from machinery.checkpoint import write_checkpoint

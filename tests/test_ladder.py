@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import compare
 import configurator
-from machinery import ladder
+from comparison import ladder
 from machinery.cli import UserError
 from model import GPT, GPTConfig
 

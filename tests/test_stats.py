@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from machinery import report, stats
+from comparison import report, stats
 
 
 def test_power_law_fit_recovers_known_parameters_within_its_uncertainty():
@@ -143,7 +143,7 @@ def test_matched_ratios_of_a_variant_equal_to_the_baseline_are_one():
 
 def test_padded_curves_keep_every_point_of_the_longer_runs():
     import numpy as np
-    from machinery import plots
+    from comparison import plots
     a = plots.padded([[3.0, 2.0, 1.0], [3.0]])  # a run stopped after its first evaluation
     assert np.array_equal(np.nanmean(a, 0), [3.0, 2.0, 1.0])
 

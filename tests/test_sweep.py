@@ -19,11 +19,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from test_hostile import TINY, call  # noqa: E402
 import compare  # noqa: E402
-from machinery import report, runs as runs_py  # noqa: E402
+from comparison import report, runs as runs_py  # noqa: E402
 from machinery.cli import UserError  # noqa: E402
 
 
-from machinery import runs  # noqa: E402
+from comparison import runs  # noqa: E402
 
 
 def grid_specs(cfg):

@@ -119,8 +119,8 @@ def test_resume_applies_the_given_optimizer_settings(tiny_run, tmp_path, monkeyp
     _, out = tiny_run
     run_dir = str(tmp_path / 'run')
     shutil.copytree(out, run_dir)
-    seen, restore = [], train_py.ckpt_io.restore
-    monkeypatch.setattr(train_py.ckpt_io, 'restore', lambda ckpt, r: (
+    seen, restore = [], train_py.restore
+    monkeypatch.setattr(train_py, 'restore', lambda ckpt, r: (
         restore(ckpt, r), seen.append([(g['weight_decay'], g['betas']) for g in r.optimizer.param_groups]))[0])
     train_py.main([f'--out_dir={run_dir}', '--init_from=resume', '--max_iters=5', '--weight_decay=0.5',
                    '--beta1=0.8', '--beta2=0.9'])

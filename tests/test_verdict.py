@@ -11,8 +11,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import compare  # noqa: E402
-from machinery import report  # noqa: E402
-from machinery.runs import Run  # noqa: E402
+from comparison import report  # noqa: E402
+from comparison.runs import Run  # noqa: E402
 
 RATES = (1e-3, 2e-3, 4e-3)
 TRUE = {1e-3: 2.10, 2e-3: 2.00, 4e-3: 2.00}  # two rates equally good: which one wins is seed luck

@@ -25,7 +25,8 @@ from test_hostile import TINY, call, files, message_lines  # noqa: E402
 import compare  # noqa: E402
 import inspect_run  # noqa: E402
 import train  # noqa: E402
-from machinery import files as file_safety, run_log, runs  # noqa: E402
+from comparison import runs  # noqa: E402
+from machinery import files as file_safety, run_log  # noqa: E402
 from machinery.cli import run_cli, to_argv  # noqa: E402
 
 

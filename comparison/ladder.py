@@ -5,10 +5,10 @@ import os
 import sys
 
 from configurator import at_rate, meta_model, scale_counts, variant_rates
-from machinery import stats
+from comparison import stats
 from machinery.cli import UserError, split_list
 from machinery.files import write_text
-from machinery.report import fmt, fmt_count, fmt_loss, seed_gaps, time_verdict
+from comparison.report import fmt, fmt_count, fmt_loss, seed_gaps, time_verdict
 
 BOOTSTRAP_MIN_SEEDS = 5  # fewer values have too few distinct resamples for a percentile interval
 EXTRAPOLATE = 10  # the compute multiplier is also given at this many times the largest size's compute

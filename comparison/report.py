@@ -4,7 +4,7 @@ import math
 import os
 import statistics
 
-from machinery import stats
+from comparison import stats
 from machinery.files import write_text
 from machinery.run_log import LOG
 

@@ -15,10 +15,11 @@ import numpy as np
 import torch
 
 from activations import make_activations
-from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint, loading
+from configurator import checkpoint_model
+from machinery.checkpoint import CKPT, load_checkpoint, loading
 from machinery.cli import UserError
+from comparison.plots import figure, palette
 from machinery.files import save_figure, write_json
-from machinery.plots import figure, palette
 from machinery.run_log import LOG, read_log_lines
 from model import MoE
 
