@@ -6,7 +6,8 @@ each through load_checkpoint.
 A checkpoint holds tensors and plain Python values only, so torch.load(weights_only=True) reads it without running code.
 What train.py wrote is trusted, but caught: its contents are used only inside `loading`, where each state's owner checks
 it as it loads (load_state_dict(strict=True), the RNG setters, the data loader's load_state_dict) and any failure
-becomes one sentence naming the file. Nothing on disk changes before a resume has loaded everything (open_for_try).
+becomes one sentence naming the file. Nothing on disk changes before a resume has loaded everything (train.py's
+open_for_try).
 """
 import os
 import random
@@ -16,7 +17,6 @@ import torch
 
 from machinery import files
 from machinery.cli import UserError
-from machinery.run_log import LOG, clear_stopped, truncate_log
 
 CKPT = 'ckpt.pt'
 HINT = 'train the run again, or point --out_dir at the right run directory'
@@ -63,19 +63,6 @@ def set_rng_state(state, device_type):
 def write_checkpoint(ckpt, out_dir):
     with files.ctrl_c_held():
         files.write_file(os.path.join(out_dir, CKPT), lambda f: _torch_save(ckpt, f), binary=True)
-
-
-def open_for_try(out_dir, saved_iter):
-    """out_dir made ready for a new try of its run (by the process that locked it, once everything the run needs has
-    been checked): the note of an earlier stop and any half-written checkpoint go; a resumed run (saved_iter, its
-    checkpoint's iteration) keeps the log lines up to its checkpoint, a new one starts an empty log and its old
-    checkpoint goes now, so that a resume can never join it to the new log. Returns the log's lines."""
-    clear_stopped(out_dir)
-    files.remove_dead_temps(out_dir)  # a save killed mid-write
-    lines = truncate_log(os.path.join(out_dir, LOG), -1 if saved_iter is None else saved_iter)
-    if saved_iter is None and os.path.exists(os.path.join(out_dir, CKPT)):
-        os.remove(os.path.join(out_dir, CKPT))
-    return lines
 
 
 def _torch_save(obj, f):
