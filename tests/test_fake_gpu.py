@@ -411,3 +411,19 @@ def test_each_try_and_each_summary_names_what_it_ran_on(shakespeare_char_dir, tm
     summary = json.loads((tmp_path / 'cmp' / 'summary.json').read_text())
     assert summary['ran_on'] == [env]  # both runs, one machine
     assert f"Ran on: torch {torch.__version__}, torch_commit" in (tmp_path / 'cmp' / 'summary.md').read_text()
+
+
+def test_the_memory_estimate_is_within_15_percent_of_the_measured_peak_at_gpt2_small():
+    """configurator.memory_needs' peak estimate against the one measured peak (BENCHMARKS.md, GPU: bench.py at GPT-2
+    small's shape, batch 16 x 1024, bf16, regional compile, 10,800 MiB on an H200): the arithmetic, pinned."""
+    import configurator
+    cfg = {**configurator.DEFAULTS, 'n_layer': 12, 'n_head': 12, 'n_embd': 768, 'block_size': 1024, 'batch_size': 16,
+           'vocab_size': 50257, 'dtype': 'bfloat16', 'eval_iters': 20}
+    model, batch, peak = configurator.memory_needs(cfg, configurator.model_config(cfg))
+    tokens, L, d = 16 * 1024, 12, 768
+    assert model == 16 * 123_568_128 + 4 * L * 1024 * 64  # 16 bytes a parameter, and RoPE's fp32 tables
+    assert batch == tokens * (4 * 50_304 + 16 * 20)  # fp32 logits over the padded vocabulary, the validation windows
+    assert peak == model + batch + tokens * L * 36 * d  # and 36·d bytes of activations a token and layer in bf16
+    measured = 10_800 * 2**20
+    assert model + batch < measured  # the lower bound stays one
+    assert abs(peak - measured) <= 0.15 * measured, peak / measured
