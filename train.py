@@ -18,7 +18,7 @@ Worth knowing:
 - init_from=resume takes the settings saved in out_dir/ckpt.pt with only what you pass on top; the model keys and
   the data stream (dataset, batch_size, block_size, seed) cannot change. One run per out_dir (a lock). A resume is
   exact on a CPU; on a GPU some kernels are not deterministic, so it matches to bf16's rounding.
-- A run stops (exit status 3) when a loss or the weights become non-finite (why: out_dir/stopped.txt) or a file
+- A run stops (exit status 3) when a loss or the weights become non-finite (why: out_dir/diverged.txt) or a file
   cannot be written; a checkpoint only ever holds finite weights. NANOFFN_NAN_AT=k makes iteration k's loss NaN.
 """
 from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later

@@ -16,7 +16,7 @@ import torch
 
 from machinery import files
 from machinery.cli import UserError
-from machinery.run_log import LOG, clear_stopped, truncate_log
+from machinery.run_log import LOG, clear_diverged, truncate_log
 
 CKPT = 'ckpt.pt'
 HINT = 'train the run again, or point --out_dir at the right run directory'
@@ -70,7 +70,7 @@ def open_for_try(out_dir, saved_iter):
     been checked): the note of an earlier stop and any half-written checkpoint go; a resumed run (saved_iter, its
     checkpoint's iteration) keeps the log lines up to its checkpoint, a new one starts an empty log and its old
     checkpoint goes now, so that a resume can never join it to the new log. Returns the log's lines."""
-    clear_stopped(out_dir)
+    clear_diverged(out_dir)
     files.remove_dead_temps(out_dir)  # a save killed mid-write
     lines = truncate_log(os.path.join(out_dir, LOG), -1 if saved_iter is None else saved_iter)
     if saved_iter is None and os.path.exists(os.path.join(out_dir, CKPT)):

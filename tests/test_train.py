@@ -3,6 +3,7 @@
 for a handful of iterations on CPU, trained in this process (no interpreter start per run) unless it needs its own.
 
 The shakespeare_char_dir fixture (tests/conftest.py) prepares the dataset into a temporary data_dir."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -262,6 +263,20 @@ def test_nonfinite_loss_stops_and_keeps_checkpoint(shakespeare_char_dir, tmp_pat
 # configurator, in-process (fast)
 
 DEFAULTS = {'n_layer': 6, 'dropout': 0.0, 'bias': False, 'dataset': 'x', 'compile': None}
+
+
+def test_one_table_says_what_every_key_is():
+    """configurator.SETTINGS: the model's keys are GPTConfig's fields, with its defaults (vocab_size 0: the dataset's);
+    what a tuned rate depends on is part of what a run is; the data stream is the dataset, batch, context and seed."""
+    from model import GPTConfig
+    fields = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
+    assert configurator.keys_that('model') == list(fields)
+    assert {k: configurator.DEFAULTS[k] for k in fields} == {**fields, 'vocab_size': 0}
+    assert set(configurator.keys_that('tune')) < set(configurator.keys_that('id')) < set(configurator.DEFAULTS)
+    assert set(configurator.keys_that('stream')) == {'dataset', 'batch_size', 'block_size', 'seed'}
+    assert configurator.TYPES['compile'] is bool and configurator.TYPES['n_layer'] is int
+    words = {w for key in configurator.SETTINGS.values() for w in key.what.split()}
+    assert words == {'model', 'stream', 'id', 'tune', 'shown'}  # a misspelt word would classify nothing
 
 
 def test_configurator_types():
