@@ -19,7 +19,7 @@ Worth knowing:
   the data stream (dataset, batch_size, block_size, seed) cannot change. One run per out_dir (a lock). A resume is
   exact on a CPU; on a GPU some kernels are not deterministic, so it matches to bf16's rounding.
 - A run stops (exit status 3) when a loss or the weights become non-finite (why: out_dir/diverged.txt) or a file
-  cannot be written; a checkpoint only ever holds finite weights. NANOFFN_NAN_AT=k makes iteration k's loss NaN.
+  cannot be written; a checkpoint only ever holds finite weights.
 """
 from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
@@ -188,7 +188,7 @@ def restore(ckpt, r):
               f"{r.hw.world_size}; the data stream continues, dropout randomness does not.")
 
 
-def step(r, lr, nan_at):
+def step(r, lr):
     """One optimizer step over gradient_accumulation_steps micro-batches: forward, backward, clip, step. Returns the
     [total loss, cross-entropy, aux, z] averaged over micro-steps, on the device (no sync), and the grad norm."""
     for group in r.optimizer.param_groups:
@@ -201,8 +201,6 @@ def step(r, lr, nan_at):
             r.model.require_backward_grad_sync = micro_step == r.accumulation - 1
         with r.autocast:
             _, loss, terms = r.model(X, Y)
-        if r.iter_num + 1 == nan_at:  # this step completes iteration iter_num + 1
-            loss = loss * float('nan')
         losses += torch.stack([loss.detach().float(), terms['ce'], terms['aux'], terms['z']]) / r.accumulation
         r.scaler.scale(loss / r.accumulation).backward()
     grad_norm = None
@@ -288,7 +286,7 @@ def save_checkpoint(r, val_loss):
 
 def train(r):
     """The loop: optimizer steps, a log line every log_interval, an evaluation and a checkpoint every eval_interval."""
-    cfg, nan_at = r.cfg, int(os.environ.get('NANOFFN_NAN_AT', -1))
+    cfg = r.cfg
     pbar = progress_bar(cfg['max_iters'], 'train', initial=r.iter_num, disable=not r.master)
     compiling = device.compile_seconds if r.compiled else (lambda: 0.0)
     failed = True
@@ -303,7 +301,7 @@ def train(r):
         window, t_window, c_window = [], time.time(), compiling()
         while r.iter_num < cfg['max_iters']:
             lr = get_lr(r.iter_num, cfg)
-            losses, grad_norm = step(r, lr, nan_at)
+            losses, grad_norm = step(r, lr)
             window.append(losses)
             pbar.update(1)
             is_eval = r.iter_num % cfg['eval_interval'] == 0 or r.iter_num == cfg['max_iters']

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAN_TRAIN = os.path.join(REPO, 'tests', 'nan_train.py')  # train.py whose iteration $NAN_AT has a NaN loss
 sys.path.insert(0, REPO)
 
 from test_hostile import call
@@ -197,7 +198,8 @@ def test_diverged_and_cut_off_runs(compared, shakespeare_char_dir, tmp_path, mon
     part = run_dir(moved, 'moa', SEEDS[1])
     shutil.rmtree(part)
     argv = args(shakespeare_char_dir, moved)
-    monkeypatch.setenv('NANOFFN_NAN_AT', '3')  # train.py's debug hook: iteration 3's loss is NaN
+    monkeypatch.setenv('NAN_AT', '3')  # train.py with a NaN loss at iteration 3 (tests/nan_train.py)
+    monkeypatch.setattr(runs, 'TRAIN_PY', NAN_TRAIN)
     stdout = run_compare(argv)
     assert '(3 to reuse, 1 to train, 1 at a time)' in stdout and 'DIVERGED' in stdout and 'non-finite' in stdout
     summary = json.load(open(os.path.join(moved, 'summary.json')))
@@ -205,7 +207,7 @@ def test_diverged_and_cut_off_runs(compared, shakespeare_char_dir, tmp_path, mon
     assert moa['status'] == 'diverged' and [r['status'] for r in moa['runs']] == ['done', 'diverged']
     assert moa['final_val_loss']['n'] == 1  # the diverged seed has no final loss to average
     assert 'diverged after its last logged iteration, 2 ' in open(os.path.join(moved, 'summary.md')).read()
-    monkeypatch.delenv('NANOFFN_NAN_AT')
+    monkeypatch.undo()
     assert '(4 to reuse, 0 to train)' in run_compare(argv)  # a divergence is a result: the same command does not retry it
 
     # what a kill at iteration 3 leaves: the checkpoint and log of iteration 2 (and no diverged.txt: a killed run did
@@ -411,13 +413,15 @@ def test_the_times_note_claims_nothing_unrecorded():
 
 
 @pytest.mark.slow
-def test_a_planned_run_that_diverges_is_reported_as_diverged(shakespeare_char_dir, tmp_path):
+def test_a_planned_run_that_diverges_is_reported_as_diverged(shakespeare_char_dir, tmp_path, monkeypatch):
     """A run launched from --plan's command (no compare.py around it to record the stop) leaves diverged.txt; the
     comparison then counts it as diverged instead of asking for it again. A deliberate new try removes the note."""
     cfg = compare.settings(args(shakespeare_char_dir, str(tmp_path / 'cmp')) + ['--variants=gelu', '--seeds=1'])
     (run,) = grid_specs(cfg)
+    monkeypatch.setattr(runs, 'TRAIN_PY', NAN_TRAIN)
     cmd = runs.command_line(run, 'scratch')
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, 'NANOFFN_NAN_AT': '3'})
+    monkeypatch.undo()
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, 'NAN_AT': '3'})
     assert p.returncode == 3, p.stderr[-2000:]
     assert 'non-finite' in open(os.path.join(run['dir'], 'diverged.txt')).read()
     assert scan_state(run) == 'diverged'

@@ -19,6 +19,7 @@ import configurator  # noqa: E402
 import train as train_py  # noqa: E402
 from machinery import cli  # noqa: E402
 from machinery.cli import UserError, parse_args  # noqa: E402
+from nan_train import nan_step  # noqa: E402
 
 TINY = ['--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
         '--block_size=32', '--batch_size=4', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2',
@@ -28,7 +29,6 @@ TINY = ['--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--
 def env(**extra):
     e = dict(os.environ)
     e['OMP_NUM_THREADS'] = '1'  # several tiny processes on a shared CPU: one thread each is far faster
-    e.pop('NANOFFN_NAN_AT', None)
     e.update(extra)
     return e
 
@@ -247,7 +247,7 @@ def test_killed_checkpoint_write_keeps_previous(tiny_run, monkeypatch):
 
 def test_nonfinite_loss_stops_and_keeps_checkpoint(shakespeare_char_dir, tmp_path, monkeypatch, capsys):
     out = str(tmp_path)
-    monkeypatch.setenv('NANOFFN_NAN_AT', '3')
+    monkeypatch.setattr(train_py, 'step', nan_step(train_py.step, 3))  # iteration 3's loss is NaN
     code, err = in_process(train_py.main, [*TINY, f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}',
                                            '--max_iters=5', '--eval_interval=2'], capsys)
     assert code == 3 and 'Traceback' not in err
