@@ -29,8 +29,9 @@ import torch
 
 import configurator
 from activations import VARIANTS, baseline_of
-from configurator import check, check_variants, model_config
-from machinery import device as hw
+from comparison.runs import check_variants
+from configurator import check, model_config
+from machinery import device
 from machinery.cli import UserError, parse_args, run_cli
 from machinery.files import check_writable, write_json
 from model import GPT
@@ -55,7 +56,7 @@ BENCH_DEFAULTS = dict(
 )
 # the model keys: GPTConfig's but ffn, at a shape where the FFN's cost shows on a CPU: the char-level GPT of
 # config/shakespeare_char.py widened to d=256, T=256 (vocab 84 is the bundled corpus's alphabet; padded to 128)
-MODEL_DEFAULTS = {k: configurator.DEFAULTS[k] for k in configurator.MODEL_KEYS if k != "ffn"}
+MODEL_DEFAULTS = {k: configurator.DEFAULTS[k] for k in configurator.keys_that("model") if k != "ffn"}
 MODEL_DEFAULTS.update(vocab_size=84, n_layer=4, n_head=4, n_embd=256, block_size=256)
 DEFAULTS = {**BENCH_DEFAULTS, **MODEL_DEFAULTS}
 
@@ -101,7 +102,7 @@ def setup(cfg):
         check({**shared, "ffn": v})
     if cfg["threads"] > 0:  # before compiling: Inductor's C++ kernels take their OpenMP thread count then
         torch.set_num_threads(cfg["threads"])
-    compute = hw.setup(cfg["device"], cfg["dtype"], mps=False)  # train.py's set-up; auto never picks MPS
+    compute = device.setup(cfg["device"], cfg["dtype"], mps=False)  # train.py's set-up; auto never picks MPS
     # every variant recompiles the same GPT.forward frame: past Dynamo's limit (8) it would silently run eager
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # torch < 2.7
     setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 4 * len(variants)))
@@ -111,17 +112,17 @@ def setup(cfg):
 class Bench:
     """One model per (variant, mode), all built from the same seed and fed the same batch."""
 
-    def __init__(self, variant, compiled, cfg, device, dtype, dense_twin=False):
+    def __init__(self, variant, compiled, cfg, dev, dtype, dense_twin=False):
         # a dense twin: the dense model with the MoE's active FFN weights (expert width = dense width / top_k)
         model_args = {k: cfg[k] for k in MODEL_DEFAULTS} | ({"n_expert": 0} if dense_twin else {})
-        self.variant, self.device, self.moe = variant, device, model_args["n_expert"] > 0
+        self.variant, self.device, self.moe = variant, dev, model_args["n_expert"] > 0
         torch.manual_seed(cfg["seed"])
-        self.model = GPT(model_config({**model_args, "ffn": variant})).to(device).train()
-        device_type = device.split(":")[0]
+        self.model = GPT(model_config({**model_args, "ffn": variant})).to(dev).train()
+        device_type = dev.split(":")[0]
         self.opt = self.model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type) if cfg["optimizer"] else None
         # compile_model's dynamic=False: gated variants are narrower, and symbolic sizes would make slower kernels
-        self.forward = hw.compile_model(self.model, cfg["compile_mode"]) if compiled else self.model
-        self.ctx = hw.autocast(device_type, dtype)
+        self.forward = device.compile_model(self.model, cfg["compile_mode"]) if compiled else self.model
+        self.ctx = device.autocast(device_type, dtype)
         self.times, self.saved, self.peak = [], None, None  # saved, peak: measured by warm_up
 
     def loss(self, x, y):
@@ -160,20 +161,20 @@ class Bench:
             self.peak = torch.cuda.max_memory_allocated(self.device) - before
 
 
-def make_batch(cfg, device):
+def make_batch(cfg, dev):
     g = torch.Generator().manual_seed(cfg["seed"])
     shape = (cfg["batch_size"], cfg["block_size"])
-    return [torch.randint(0, cfg["vocab_size"], shape, generator=g).to(device) for _ in range(2)]  # x, y
+    return [torch.randint(0, cfg["vocab_size"], shape, generator=g).to(dev) for _ in range(2)]  # x, y
 
 
-def run_mode(variants, compiled, cfg, device, dtype):
+def run_mode(variants, compiled, cfg, dev, dtype):
     """Measure every variant in one mode (eager or compiled): one result dict per variant."""
-    if device.startswith("cuda"):
+    if dev.startswith("cuda"):
         torch.cuda.empty_cache()  # the previous mode's models are gone: hand back their memory
-    x, y = make_batch(cfg, device)
-    benches = [Bench(v, compiled, cfg, device, dtype) for v in variants]
+    x, y = make_batch(cfg, dev)
+    benches = [Bench(v, compiled, cfg, dev, dtype) for v in variants]
     if cfg["n_expert"]:  # an MoE run also times each variant's dense twin, interleaved, for the MoE/dense ratio
-        benches += [Bench(v, compiled, cfg, device, dtype, dense_twin=True) for v in variants]
+        benches += [Bench(v, compiled, cfg, dev, dtype, dense_twin=True) for v in variants]
     mode = "compiled" if compiled else "eager"
     for b in benches:
         t0 = time.perf_counter()
@@ -186,7 +187,7 @@ def run_mode(variants, compiled, cfg, device, dtype):
         for b in benches[k:] + benches[:k]:
             b.times.append(b.timed_step(x, y))
     tokens = cfg["batch_size"] * cfg["block_size"]
-    peak = hw.peak_flops(device.split(":")[0], dtype, cfg["peak_flops"])
+    peak = device.peak_flops(dev.split(":")[0], dtype, cfg["peak_flops"])
     results = []
     for b in benches:
         q1, med, q3 = statistics.quantiles(b.times, n=4, method="inclusive") if len(b.times) > 1 else b.times * 3
@@ -239,30 +240,30 @@ def markdown_table(results):
     return "\n".join(lines + ["| " + " | ".join(row.values()) + " |" for row in rows])
 
 
-def machine(device):
-    if device.startswith("cuda"):
-        name = torch.cuda.get_device_name(device)
+def machine(dev):
+    if dev.startswith("cuda"):
+        name = torch.cuda.get_device_name(dev)
     else:  # platform.processor() is often empty on Linux: read the CPU's model name where there is one
         name = platform.processor() or platform.machine()
         if os.path.exists("/proc/cpuinfo"):
             with open("/proc/cpuinfo") as f:
                 name = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), name)
-    return dict(device=device, device_name=name, cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
+    return dict(device=dev, device_name=name, cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
                 torch=torch.__version__, python=platform.python_version(), platform=platform.platform())
 
 
 def benchmark(cfg, argv):
     """The benchmark of a parsed config (from the command line argv): the JSON-able report."""
-    variants, modes, device, dtype = setup(cfg)
+    variants, modes, dev, dtype = setup(cfg)
     load_before = os.getloadavg()
     t0 = time.time()
-    results = [r for compiled in modes for r in run_mode(variants, compiled, cfg, device, dtype)]
+    results = [r for compiled in modes for r in run_mode(variants, compiled, cfg, dev, dtype)]
     add_ratios(results)
     return dict(
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        command="python bench.py " + " ".join(argv), machine=machine(device),
+        command="python bench.py " + " ".join(argv), machine=machine(dev),
         load_average=dict(start=load_before, end=os.getloadavg()),  # other processes on the machine add noise
-        wall_s=time.time() - t0, settings={k: cfg[k] for k in BENCH_DEFAULTS} | dict(device=device, dtype=dtype),
+        wall_s=time.time() - t0, settings={k: cfg[k] for k in BENCH_DEFAULTS} | dict(device=dev, dtype=dtype),
         model={k: cfg[k] for k in MODEL_DEFAULTS}, tokens_per_step=cfg["batch_size"] * cfg["block_size"],
         results=results)
 
@@ -270,17 +271,17 @@ def benchmark(cfg, argv):
 def profile(cfg):
     """What one variant's step spends its time on, next to its baseline's: torch.profiler's top ops by self CPU time
     (and self CUDA time on a GPU), in each compile mode asked for. Returns {(variant, compiled): key_averages}."""
-    _, modes, device, dtype = setup(cfg)
+    _, modes, dev, dtype = setup(cfg)
     pair = list(dict.fromkeys([baseline_of(cfg["profile"]), cfg["profile"]]))  # baseline first; once if equal
     # name every Inductor C++ kernel in the trace; otherwise a compiled graph shows as one opaque call
     torch._inductor.config.cpp.enable_kernel_profile = True
-    cuda = device.startswith("cuda")
+    cuda = dev.startswith("cuda")
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-    x, y = make_batch(cfg, device)
+    x, y = make_batch(cfg, dev)
     averages = {}
     for compiled in modes:
         for v in pair:
-            b = Bench(v, compiled, cfg, device, dtype)
+            b = Bench(v, compiled, cfg, dev, dtype)
             b.warm_up(x, y, cfg["warmup"])
             with torch.profiler.profile(activities=activities) as prof:
                 for _ in range(cfg["profile_steps"]):

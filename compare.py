@@ -7,9 +7,9 @@ Run a comparison: train FFN variants side by side on the same batches, N runs at
     python compare.py config/compare_ladder_shakespeare_char.py             # a scaling ladder (--sizes)
     python compare.py --help                                                # every key, as a bare run has it
 
-Each run is a plain train.py run in its own directory (comparison/runs.py), read once per invocation. The steps: plan, read the
+Each run is a plain train.py run in its own directory (comparison/runs.py), read once per invocation. The steps: check, read the
 runs, train what is missing, extend a sweep where a best rate is at an edge, train each variant at its best rate on
-fresh seeds (a sweep's verdict), report. The same command again reuses finished and stopped runs, resumes cut-off ones
+fresh seeds (a sweep's verdict), report. The same command again reuses finished and diverged runs, resumes cut-off ones
 and refuses other settings unless --overwrite=True. Writes summary.md, summary.json, loss.png and acts.png into out_dir
 (a ladder: each size's in out_dir/<size>/, then its own), the table on stdout.
 """
@@ -24,16 +24,16 @@ import sys
 import time
 
 import configurator
-from configurator import (TYPES, at_rate, check, check_variants, memory_needs, meta_model, scale_counts,
-                          variant_rates, variant_settings)
+from configurator import TYPES, at_rate, check, keys_that, memory_needs, meta_model, scale_counts
 from comparison import acts, ladder, placement, plots, report, stats
-from machinery.cli import RunStopped, UserError, parse_args, raise_terminated, run_cli, split_list
+from machinery.cli import RunStopped, UserError, parse_args, raise_terminated, run_cli, split_arg, split_list
 from machinery.device import compile_cache_dir, resolve_device, resolve_dtype
 from machinery.files import (HELD, LOCK, LOCK_FD_ENV, check_writable, ctrl_c_held, remove_dead_temps,
                              try_lock_run_dir, write_json)
 from machinery.progress import progress_bar
-from machinery.run_log import LOG, clear_stopped, parse_record
-from comparison.runs import FINISHED, PLAN, TRAIN_OUT, command_line, identifies, make_run, scan, tuning_key
+from machinery.run_log import LOG, clear_diverged, parse_record
+from comparison.runs import (FINISHED, INTENT, TRAIN_OUT, check_variants, command_line, make_run, scan, tuning_key,
+                             variant_rates, variant_settings)
 
 COMPARE_DEFAULTS = dict(
     variants='gelu,swiglu',  # comma-separated ffn names (activations.VARIANTS); gelu@8e-3: a variant at its own rate
@@ -62,10 +62,6 @@ MAX_EXTEND = 3  # --lr_extend tries at most this many rates beyond each edge of 
 MAX_GRID = 10  # --lr_grid=K spans learning_rate x 2^-K .. 2^K: past 2^10 either way is a typo, not a sweep
 MAX_SEEDS = 100  # --seeds=K: K runs per variant and rate (a sweep's verdict K more); past 100 a typo, not a plan
 START = dict(scratch='scratch', resume='resume', mismatch='overwrite', retrain='overwrite')  # a run to do, by state
-# the settings that shape a comparison, shown in its summary whether chosen or left at train.py's defaults
-SHOWN_KEYS = ('dataset', 'n_layer', 'n_head', 'n_embd', 'block_size', 'batch_size', 'gradient_accumulation_steps',
-              'max_iters', 'learning_rate', 'schedule', 'warmup_iters', 'min_lr', 'eval_interval', 'eval_iters',
-              'n_expert', 'top_k', 'device', 'dtype')
 
 
 def settings(argv):
@@ -74,7 +70,7 @@ def settings(argv):
     if all(a.startswith('-') for a in argv):
         argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), DEFAULT_CONFIG)] + list(argv)
     cfg, _ = parse_args(DEFAULTS, argv, types=TYPES, prog='compare.py', doc=__doc__.split('\n\n')[1])
-    on_command_line = {a[2:].partition('=')[0].replace('-', '_') for a in argv if a.startswith('--')}
+    on_command_line = {split_arg(a)[0] for a in argv if a.startswith('--')}
     for key, other, cleared in (('lrs', 'lr_grid', 0), ('lr_grid', 'lrs', '')):
         if key in on_command_line and other not in on_command_line:
             cfg[other] = cleared
@@ -101,11 +97,10 @@ def tuned_rates(cfg, variants, own, overrides):
     # the sweep repeats what makes the runs what they are (and where their data is), not how this command runs them,
     # nor its seed: the sweep chooses on seeds of its own. At another learning_rate than its config's, it sweeps a
     # grid around it (the config's rates need not include it).
-    key = lambda a: a[2:].partition('=')[0].replace('-', '_')
-    repeated = lambda a: (key(a) in ('variants', 'data_dir', 'nproc_per_run') or key(a) in configurator.DEFAULTS
-                          and identifies(key(a)) and key(a) != 'seed')
-    plain = lambda a: f"--variants={','.join(variant_rates(a[11:], 'variants'))}" if a.startswith('--variants=') else a
-    args = [plain(a) for a in overrides or [] if repeated(a)]
+    key = lambda a: split_arg(a)[0]
+    repeated = {'variants', 'data_dir', 'nproc_per_run', *keys_that('id')} - {'seed'}
+    args = [f"--variants={','.join(variant_rates(split_arg(a)[2], 'variants'))}" if key(a) == 'variants' else a
+            for a in overrides or [] if key(a) in repeated]
     args += ['--lr_grid=2'] if any(key(a) == 'learning_rate' for a in args) else []
     sweep = (f"python compare.py {cfg['tuned_by']}" + ''.join(f' {a}' for a in args)
              if cfg['tuned_by'] and overrides is not None else "the same command with a sweep, e.g. --lr_grid=2")
@@ -272,9 +267,9 @@ class Job:
         d = run.dir
         self.log_path, self.out_path = os.path.join(d, LOG), os.path.join(d, TRAIN_OUT)
         self.resumed_from = run.checkpoint['iter_num'] if run.state == 'resume' else None
-        clear_stopped(d)  # even if this try fails before train.py opens the directory
+        clear_diverged(d)  # even if this try fails before train.py opens the directory
         # at_once: the runs trained side by side, which this run's tok/s and times depend on
-        write_json(os.path.join(d, PLAN), dict(settings=run.settings, processes=run.processes, at_once=at_once))
+        write_json(os.path.join(d, INTENT), dict(settings=run.settings, processes=run.processes, at_once=at_once))
         cmd = command_line(run.spec, START[run.state])
         env = dict(os.environ, PYTHONUNBUFFERED='1', TORCHINDUCTOR_CACHE_DIR=compile_cache_dir(),
                    **placement.gpu_env(gpus), **placement.thread_env(threads))
@@ -316,7 +311,7 @@ class Job:
 
     def finish(self):
         """Once the child exited: the run read again, whose state is its outcome, and a line saying so. A divergence
-        (train.py leaves stopped.txt) is the run's outcome; any other failure, a full disk included, raises."""
+        (train.py leaves diverged.txt) is the run's outcome; any other failure, a full disk included, raises."""
         rc, run = self.proc.returncode, scan(self.run.spec)
         tail = last_error_line(self.out_path)
         if rc == 2:  # a user mistake in the settings: train.py said what to do
@@ -324,13 +319,13 @@ class Job:
         if rc in (130, -signal.SIGINT):
             raise KeyboardInterrupt
         # torchrun exits 1 when a process of its run exits 3: the run's own state says whether it diverged
-        if rc != 0 and run.state != 'stopped':
+        if rc != 0 and run.state != 'diverged':
             raise RunStopped(f"training {run.variant} (seed {run.seed}) failed with exit status {rc}: {tail}; "
                              f"see {self.out_path}, fix it and run the same command again to continue.")
         how = f"resumed from iteration {self.resumed_from}" if self.resumed_from is not None else 'trained'
         line = f"{self.name}: {how} in {time.time() - self.t0:.0f} s"
-        if run.state == 'stopped':
-            return run, line + f", STOPPED: {tail}"
+        if run.state == 'diverged':
+            return run, line + f", DIVERGED: {tail}"
         val = run.final()
         return run, line + (f", final val loss {val:.4f}" if val is not None else '')
 
@@ -348,7 +343,7 @@ def last_error_line(path):
 
 
 def train_all(todo, slots, threads, overwrite, pbar, finished=lambda runs: None):
-    """Train the runs of todo, one per slot (its GPUs: placement.placement) at a time; returns them read again. A run
+    """Train the runs of todo, one per slot (its GPUs: placement.slots) at a time; returns them read again. A run
     whose directory another process holds (a second compare.py) is left to it, then reused or resumed, or refused if
     it trained it with other settings (unless overwrite). finished(runs done so far) is called as each one ends."""
     pending, active, waiting, free, done = list(todo), [], set(), list(range(len(slots))), {}
@@ -457,9 +452,9 @@ def train_missing(cfg, comp, runs):
         if not todo:  # nothing to do at this step: the next one may have some
             return runs
         for run in todo:  # each listed run's settings recorded: one that stops before its first checkpoint is known
-            if run.state != 'mismatch':  # a mismatch's plan still says what its directory holds
+            if run.state != 'mismatch':  # a mismatch's compare.json still says what its directory holds
                 check_writable(run.dir, create=True)
-                write_json(os.path.join(run.dir, PLAN), dict(settings=run.settings, processes=run.processes))
+                write_json(os.path.join(run.dir, INTENT), dict(settings=run.settings, processes=run.processes))
         placement.print_plan([command_line(r.spec, START[r.state]) for r in todo], len(runs), cfg['threads'],
                            plan_rounds(cfg, comp))
         return None
@@ -475,7 +470,7 @@ def train_missing(cfg, comp, runs):
     pbar = progress_bar(len(runs), 'runs', unit='run')
     for run in runs:
         if run.state in FINISHED:
-            how = 'finished' if run.state == 'done' else 'diverged: see its stopped.txt'
+            how = 'finished' if run.state == 'done' else 'diverged: see its diverged.txt'
             pbar.write(f"{run.name}: reused ({how})", file=sys.stderr)
             pbar.update(1)
         elif run.state == 'retrain':
@@ -483,7 +478,7 @@ def train_missing(cfg, comp, runs):
                        file=sys.stderr)
     curves = Curves(cfg, comp, [r for r in runs if r.state in FINISHED], pbar,
                     one_rate=len({r.lr for r in runs if r.variant == runs[0].variant}) > 1)
-    trained = {r.dir: r for r in train_all(todo, placement.placement(jobs, gpus, cfg['nproc_per_run']), threads,
+    trained = {r.dir: r for r in train_all(todo, placement.slots(jobs, gpus, cfg['nproc_per_run']), threads,
                                            cfg['overwrite'], pbar, curves.draw)}
     pbar.close()
     return [trained.get(r.dir, r) for r in runs]
@@ -518,8 +513,8 @@ def run_comparison(cfg, comp, runs):
 
 def write_report(cfg, comp, runs, fresh):
     """summary.json, summary.md, loss.png and acts.png into out_dir; the table (the results) on stdout."""
-    shown = {k: cfg[k] for k in SHOWN_KEYS}
-    chosen = {k: cfg[k] for k in configurator.DEFAULTS if identifies(k) and cfg[k] != configurator.DEFAULTS[k]
+    shown = {k: cfg[k] for k in keys_that('shown')}  # whether chosen or left at train.py's defaults
+    chosen = {k: cfg[k] for k in keys_that('id') if cfg[k] != configurator.DEFAULTS[k]
               and k not in shown and k not in ('ffn', 'seed')}  # those two are set per run
     head = dict(baseline=comp['baseline'], seeds=comp['fresh_seeds'] or comp['seeds'], variants=comp['variants'],
                 dataset=cfg['dataset'], settings={**shown, **chosen})
@@ -560,10 +555,11 @@ def write_report(cfg, comp, runs, fresh):
 def run_ladder(cfg):
     """--sizes: a comparison at every size in out_dir/<size>/, then the ladder's summary and ladder.png in out_dir."""
     learning_rates(cfg)  # the sweep's settings, checked before each size scales them
-    if cfg['lr_rule'] == 'width' and any(variant_rates(cfg['variants'], 'variants').values()):
+    own = variant_rates(cfg['variants'], 'variants')
+    if cfg['lr_rule'] == 'width' and any(own.values()):
         raise UserError("--lr_rule=width scales learning_rate per size, which a variant's own @rate would not follow; "
                         "drop the @rate, or use --lr_rule=fixed.")
-    sizes = ladder.size_settings(cfg)
+    sizes = ladder.size_settings(cfg, cfg['baseline'] or next(iter(own)))
     steps = []
     for s in sizes:  # every size checked and read (with --report: finished) before any trains
         size_cfg = {**cfg, **s['settings']}

@@ -1,121 +1,103 @@
 """
-Settings: every key a training run takes, with its default and type, and the checks a run's settings pass before
-anything is built or written. The model's keys are the fields of model.GPTConfig; how a command line and config
-files set them is machinery/cli.py.
+Settings: every key a training run takes, with its default, type and what it is to a run (SETTINGS, the one table),
+and the checks a run's settings pass before anything is built or written. The model's keys are the fields of
+model.GPTConfig; how a command line and config files set them is machinery/cli.py.
 """
-import dataclasses
 import math
 import os
+from collections import namedtuple
 from decimal import Decimal
 
 import torch
 
-from activations import VARIANTS, check_variant, make_activations
+from activations import VARIANTS, make_activations
 from machinery import device
 from machinery.checkpoint import CKPT, loading, model_state
-from machinery.cli import UserError, coerce, parse_args, split_list
+from machinery.cli import UserError, coerce
 from machinery.files import read_json
 from model import GPT, GPTConfig
 
-TRAIN_DEFAULTS = dict(
+Key = namedtuple('Key', 'default what type', defaults=('', None))  # type None: its default's
+M = GPTConfig()  # the model's keys are GPTConfig's fields, and keep its defaults
+# Every key a run takes: its default, and what it is (words): model (a field of GPTConfig), stream (it fixes the
+# training batches: a resume keeps it), id (part of what a run is; where it lives, how it starts and runs, its threads,
+# whether it is compiled, MFU's FLOP/s and the experiment tracking are not), tune (what a comparison's tuned rates
+# depend on: what a run is but its variant, seed, the rate, and how it is evaluated), shown (in a comparison's summary)
+SETTINGS = dict(
     # I/O
-    out_dir='out',
-    init_from='scratch',  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
-    overwrite=False,  # allow a scratch run to replace an existing out_dir/ckpt.pt
-    always_save_checkpoint=True,  # if False, only save when val loss improves
-    eval_interval=250,  # iterations between evaluations (+ checkpoints); the last iteration is always evaluated
-    eval_iters=20,  # validation batches per evaluation (fixed windows: the same tokens for every run)
-    log_interval=10,  # iterations between log lines
+    out_dir=Key('out'),
+    init_from=Key('scratch'),  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+    overwrite=Key(False),  # allow a scratch run to replace an existing out_dir/ckpt.pt
+    always_save_checkpoint=Key(True, 'id'),  # if False, only save when val loss improves
+    eval_interval=Key(250, 'id shown'),  # iterations between evaluations (+ checkpoints); the last is always evaluated
+    eval_iters=Key(20, 'id shown'),  # validation batches per evaluation (fixed windows: the same tokens for every run)
+    log_interval=Key(10, 'id'),  # iterations between log lines
     # data
-    dataset='shakespeare_char',
-    data_dir='data',  # prepared datasets live in data_dir/dataset/ (train_*.bin, val_*.bin, meta.json)
-    batch_size=12,  # per micro-step, per process
-    gradient_accumulation_steps=1,  # per process
+    dataset=Key('shakespeare_char', 'stream id tune shown'),
+    data_dir=Key('data'),  # prepared datasets live in data_dir/dataset/ (train_*.bin, val_*.bin, meta.json)
+    batch_size=Key(12, 'stream id tune shown'),  # per micro-step, per process
+    gradient_accumulation_steps=Key(1, 'id tune shown'),  # per process
     # AdamW
-    learning_rate=6e-4,
-    max_iters=5000,
-    weight_decay=1e-1,
-    beta1=0.9,
-    beta2=0.95,
-    grad_clip=1.0,  # clip gradients at this norm, 0 disables
+    learning_rate=Key(6e-4, 'id shown'),
+    max_iters=Key(5000, 'id tune shown'),
+    weight_decay=Key(1e-1, 'id tune'),
+    beta1=Key(0.9, 'id tune'),
+    beta2=Key(0.95, 'id tune'),
+    grad_clip=Key(1.0, 'id tune'),  # clip gradients at this norm, 0 disables
     # learning-rate schedule
-    schedule='cosine',  # 'cosine' | 'wsd' (warmup-stable-decay) | 'constant' (after warmup)
-    warmup_iters=100,
-    lr_decay_iters=0,  # where the schedule reaches min_lr; 0 means max_iters
-    decay_frac=0.2,  # wsd: linear decay over this last fraction of lr_decay_iters
-    min_lr=6e-5,
+    schedule=Key('cosine', 'id tune shown'),  # 'cosine' | 'wsd' (warmup-stable-decay) | 'constant' (after warmup)
+    warmup_iters=Key(100, 'id tune shown'),
+    lr_decay_iters=Key(0, 'id tune'),  # where the schedule reaches min_lr; 0 means max_iters
+    decay_frac=Key(0.2, 'id tune'),  # wsd: linear decay over this last fraction of lr_decay_iters
+    min_lr=Key(6e-5, 'id shown'),  # a comparison's tuning keeps its ratio to learning_rate instead
     # system
-    device='auto',  # 'auto' (cuda, then mps, then cpu) | 'cpu' | 'cuda' | 'cuda:N' | 'mps'
-    dtype='auto',  # 'auto' (CUDA: bfloat16 at compute capability 8.0+, else float16; float32 elsewhere) | 'float32' |
-    # 'bfloat16' | 'float16'
-    compile=None,  # None = auto: on for CUDA, off elsewhere (--compile=True compiles on a CPU too)
-    compile_mode='regional',  # 'regional' (each Block compiled; one graph serves every layer) | 'whole' (the GPT)
-    peak_flops=0.0,  # FLOP/s for MFU; 0 = the GPU's dense peak for the dtype, by its name (device.PEAK_FLOPS), else null
-    threads=0,  # torch's CPU threads; 0 = OMP_NUM_THREADS where set, else half the cores (device.set_threads)
-    seed=1337,
+    device=Key('auto', 'id shown'),  # 'auto' (cuda, then mps, then cpu) | 'cpu' | 'cuda' | 'cuda:N' | 'mps'
+    dtype=Key('auto', 'id tune shown'),  # 'auto' (CUDA: bfloat16 at compute capability 8.0+, else float16; float32
+    # elsewhere) | 'float32' | 'bfloat16' | 'float16'
+    compile=Key(None, type=bool),  # None = auto: on for CUDA, off elsewhere (--compile=True compiles on a CPU too)
+    compile_mode=Key('regional'),  # 'regional' (each Block compiled; one graph serves every layer) | 'whole' (the GPT)
+    peak_flops=Key(0.0),  # FLOP/s for MFU; 0 = the GPU's dense peak in the dtype by name (device.PEAK_FLOPS), else null
+    threads=Key(0),  # torch's CPU threads; 0 = OMP_NUM_THREADS where set, else half the cores (device.set_threads)
+    seed=Key(1337, 'stream id'),
     # Weights & Biases (nanoGPT's keys; wandb is imported only when wandb_log is on)
-    wandb_log=False,  # log every log.jsonl record to wandb too (WANDB_MODE=offline works without network)
-    wandb_project='nanoffn',
-    wandb_run_name='',  # '' = the out_dir's name
-    wandb_group='',  # runs that belong together (compare.py sets one per comparison)
-    wandb_tags='',  # comma-separated
+    wandb_log=Key(False),  # log every log.jsonl record to wandb too (WANDB_MODE=offline works without network)
+    wandb_project=Key('nanoffn'),
+    wandb_run_name=Key(''),  # '' = the out_dir's name
+    wandb_group=Key(''),  # runs that belong together (compare.py sets one per comparison)
+    wandb_tags=Key(''),  # comma-separated
+    # the model (model.GPTConfig)
+    block_size=Key(M.block_size, 'model stream id tune shown'),
+    vocab_size=Key(0, 'model id tune'),  # 0 = the dataset's vocabulary (its meta.json)
+    n_layer=Key(M.n_layer, 'model id tune shown'),
+    n_head=Key(M.n_head, 'model id tune shown'),
+    n_embd=Key(M.n_embd, 'model id tune shown'),
+    dropout=Key(M.dropout, 'model id tune'),
+    bias=Key(M.bias, 'model id tune'),
+    norm=Key(M.norm, 'model id tune'),
+    pos=Key(M.pos, 'model id tune'),
+    ffn=Key(M.ffn, 'model id'),  # the variant: a comparison tunes a rate for each
+    ffn_mult=Key(M.ffn_mult, 'model id tune'),
+    poly_order=Key(M.poly_order, 'model id tune'),
+    act_dict=Key(M.act_dict, 'model id tune'),
+    la_init=Key(M.la_init, 'model id tune'),
+    moa_gate=Key(M.moa_gate, 'model id tune'),
+    n_expert=Key(M.n_expert, 'model id tune shown'),
+    top_k=Key(M.top_k, 'model id tune shown'),
+    moe_every=Key(M.moe_every, 'model id tune'),
+    expert_hidden=Key(M.expert_hidden, 'model id tune'),
+    aux_loss_weight=Key(M.aux_loss_weight, 'model id tune'),
+    z_loss_weight=Key(M.z_loss_weight, 'model id tune'),
 )
-MODEL_KEYS = [f.name for f in dataclasses.fields(GPTConfig)]
-# every field of GPTConfig is a key too; vocab_size 0 = the dataset's vocabulary (meta.json)
-DEFAULTS = {**TRAIN_DEFAULTS, **{f.name: f.default for f in dataclasses.fields(GPTConfig)}, 'vocab_size': 0}
-TYPES = {'compile': bool}  # keys whose default (None = auto) does not tell their type
-STREAM_KEYS = ['dataset', 'batch_size', 'block_size', 'seed']  # what fixes the training batches: a resume keeps them
+DEFAULTS = {k: key.default for k, key in SETTINGS.items()}
+TYPES = {k: key.type or type(key.default) for k, key in SETTINGS.items()}
+
+
+def keys_that(what):
+    """The keys whose SETTINGS entry says `what` (model, stream, id, tune or shown), in the table's order."""
+    return [k for k, key in SETTINGS.items() if what in key.what.split()]
+
+
 MAX_SEED = 2**31 - 1  # numpy seeds take 32 bits; DDP ranks add their rank to the seed
-
-
-def check_variants(text):
-    """The FFN variants named in a comma-separated setting (e.g. --variants), each checked by variant_settings."""
-    labels = split_list(text)
-    if not labels:
-        raise UserError(f"no variant named; give comma-separated names of: {', '.join(VARIANTS)}.")
-    for label in labels:
-        variant_settings(label)
-    if len(set(labels)) < len(labels):
-        raise UserError(f"'{text}' names a variant twice; list each once.")
-    return labels
-
-
-def variant_rates(text, key):
-    """{label: its rate, None where it carries none} of a comma-separated list of variants (--variants, --tuned_lrs),
-    each perhaps carrying a learning rate after '@' (gelu@8e-3, polyrelu:poly_order=2@8e-3); each label checked by
-    variant_settings, once."""
-    out = {}
-    for item in split_list(text):
-        label, at, rate = item.rpartition('@') if '@' in item else (item, '', '')
-        variant_settings(label)
-        if label in out:
-            raise UserError(f"--{key}='{text}' names {label} twice; list each variant once.")
-        try:
-            out[label] = float(rate) if at else None
-        except ValueError:
-            out[label] = math.nan
-        if at and not 0 < out[label] < math.inf:
-            raise UserError(f"--{key}: '{item}' carries no rate a run can take after '@'; give a number above 0, e.g. "
-                            f"{label}@8e-3.")
-    return out
-
-
-def variant_settings(label):
-    """The settings a variant of a comparison stands for: a name of activations.VARIANTS, optionally carrying model
-    settings of its own, so that one comparison can vary them: 'polyrelu:poly_order=2' -> {'ffn': 'polyrelu',
-    'poly_order': 2}."""
-    name, *own = label.split(':')
-    try:
-        check_variant(name)
-    except ValueError as e:
-        raise UserError(f"{e}.") from None
-    keys = {k: DEFAULTS[k] for k in MODEL_KEYS if k != 'ffn'}
-    try:
-        cfg, given = parse_args(keys, [f'--{item}' for item in own], prog='compare.py')
-    except UserError as e:
-        raise UserError(f"variant '{label}': {str(e).rstrip('.')} (a variant carries model settings as "
-                        f"name:key=value, e.g. polyrelu:poly_order=2).") from None
-    return {'ffn': name, **{k: cfg[k] for k in given}}
 
 
 def at_rate(settings, lr):
@@ -124,10 +106,11 @@ def at_rate(settings, lr):
         'learning_rate'] else settings['min_lr']}
 
 
+
 def model_config(settings):
     """The GPTConfig of a run's settings (a dict with every model key), or the UserError of its first bad value."""
     try:
-        return GPTConfig(**{k: settings[k] for k in MODEL_KEYS})
+        return GPTConfig(**{k: settings[k] for k in keys_that('model')})
     except ValueError as e:
         raise UserError(f"{str(e).rstrip('.')}.") from None
 
@@ -260,9 +243,9 @@ def resumed_settings(cfg, given, ckpt):
     """A resumed run's settings: the checkpoint's, with only the keys given explicitly on top; its model keys and data
     stream cannot change."""
     with loading(os.path.join(cfg['out_dir'], CKPT)):  # its settings read as a command line's are
-        saved = damage_if_refused(lambda: {k: coerce(k, v, TYPES.get(k, type(DEFAULTS[k])), DEFAULTS[k], 'its config: ')
+        saved = damage_if_refused(lambda: {k: coerce(k, v, TYPES[k], DEFAULTS[k], 'its config: ')
                                            for k, v in ckpt['config'].items() if k in DEFAULTS})
-        kept = {**{k: saved[k] for k in STREAM_KEYS}, **{k: ckpt['model_args'][k] for k in MODEL_KEYS}}
+        kept = {**{k: saved[k] for k in keys_that('stream')}, **{k: ckpt['model_args'][k] for k in keys_that('model')}}
     for key, was in kept.items():
         if key in given and cfg[key] != was and not (key == 'vocab_size' and cfg[key] == 0):
             raise UserError(f"--{key}={cfg[key]} differs from the checkpoint's {was!r}; a resumed run keeps its "
@@ -284,7 +267,7 @@ def model_args(cfg, meta, ckpt):
     if 0 < cfg['vocab_size'] < meta['vocab_size']:
         raise UserError(f"--vocab_size={cfg['vocab_size']} is smaller than the dataset's {meta['vocab_size']} tokens; "
                         f"leave it at 0 to take the dataset's.")
-    return {**{k: cfg[k] for k in MODEL_KEYS}, 'vocab_size': cfg['vocab_size'] or meta['vocab_size']}
+    return {**{k: cfg[k] for k in keys_that('model')}, 'vocab_size': cfg['vocab_size'] or meta['vocab_size']}
 
 
 def checkpoint_model(ckpt, path):

@@ -199,7 +199,6 @@ class MoE(nn.Module):
         self.w_up = expert(d, m)
         self.w_down = expert(m, d)
         self.dropout = nn.Dropout(config.dropout)
-        self.use_grouped_mm = True  # False: the per-expert loop (tests compare the two)
 
     def route(self, x):
         """x (T, d) -> router probabilities (T, E) fp32, top-k weights and expert ids (T, k), router logits."""
@@ -226,7 +225,7 @@ class MoE(nn.Module):
         probs, weights, experts, z = self.route(x)
         order, token, counts, offs = self.dispatch(experts)
         xs = x[token]
-        mm = lambda a, w: expert_matmul(a, w, offs, self.use_grouped_mm)
+        mm = lambda a, w: expert_matmul(a, w, offs)
         # MoA's gates: computed once per token, then gathered for each (token, expert) pair
         gate_rows = lambda act: None if (c := act.token_gates(x)) is None else c[token]
         if self.act_up is None:

@@ -18,8 +18,8 @@ Worth knowing:
 - init_from=resume takes the settings saved in out_dir/ckpt.pt with only what you pass on top; the model keys and
   the data stream (dataset, batch_size, block_size, seed) cannot change. One run per out_dir (a lock). A resume is
   exact on a CPU; on a GPU some kernels are not deterministic, so it matches to bf16's rounding.
-- A run stops (exit status 3) when a loss or the weights become non-finite (why: out_dir/stopped.txt) or a file
-  cannot be written; a checkpoint only ever holds finite weights. NANOFFN_NAN_AT=k makes iteration k's loss NaN.
+- A run stops (exit status 3) when a loss or the weights become non-finite (why: out_dir/diverged.txt) or a file
+  cannot be written; a checkpoint only ever holds finite weights.
 """
 from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
@@ -43,7 +43,7 @@ from machinery import checkpoint as ckpt_io, device, wandb_log
 from machinery.cli import UserError, parse_args, run_cli
 from machinery.files import lock_run_dir, remove_dead_temps
 from machinery.progress import progress_bar
-from machinery.run_log import (LOG, Diverged, append_log, check_finite_losses, check_finite_weights, clear_stopped,
+from machinery.run_log import (LOG, Diverged, append_log, check_finite_losses, check_finite_weights, clear_diverged,
                                note_diverged, truncate_log)
 from model import GPT
 
@@ -165,7 +165,7 @@ def open_for_try(out_dir, saved_iter):
     been checked): the note of an earlier stop and any half-written checkpoint go; a resumed run (saved_iter, its
     checkpoint's iteration) keeps the log lines up to its checkpoint, a new one starts an empty log and its old
     checkpoint goes now, so that a resume can never join it to the new log. Returns the log's lines."""
-    clear_stopped(out_dir)
+    clear_diverged(out_dir)
     remove_dead_temps(out_dir)  # a save killed mid-write
     lines = truncate_log(os.path.join(out_dir, LOG), -1 if saved_iter is None else saved_iter)
     if saved_iter is None and os.path.exists(os.path.join(out_dir, ckpt_io.CKPT)):
@@ -202,7 +202,7 @@ def restore(ckpt, r):
               f"{r.hw.world_size}; the data stream continues, dropout randomness does not.")
 
 
-def step(r, lr, nan_at):
+def step(r, lr):
     """One optimizer step over gradient_accumulation_steps micro-batches: forward, backward, clip, step. Returns the
     [total loss, cross-entropy, aux, z] averaged over micro-steps, on the device (no sync), and the grad norm."""
     for group in r.optimizer.param_groups:
@@ -215,8 +215,6 @@ def step(r, lr, nan_at):
             r.model.require_backward_grad_sync = micro_step == r.accumulation - 1
         with r.autocast:
             _, loss, terms = r.model(X, Y)
-        if r.iter_num + 1 == nan_at:  # this step completes iteration iter_num + 1
-            loss = loss * float('nan')
         losses += torch.stack([loss.detach().float(), terms['ce'], terms['aux'], terms['z']]) / r.accumulation
         r.scaler.scale(loss / r.accumulation).backward()
     grad_norm = None
@@ -302,7 +300,7 @@ def save_checkpoint(r, val_loss):
 
 def train(r):
     """The loop: optimizer steps, a log line every log_interval, an evaluation and a checkpoint every eval_interval."""
-    cfg, nan_at = r.cfg, int(os.environ.get('NANOFFN_NAN_AT', -1))
+    cfg = r.cfg
     pbar = progress_bar(cfg['max_iters'], 'train', initial=r.iter_num, disable=not r.master)
     compiling = device.compile_seconds if r.compiled else (lambda: 0.0)
     failed = True
@@ -317,7 +315,7 @@ def train(r):
         window, t_window, c_window = [], time.time(), compiling()
         while r.iter_num < cfg['max_iters']:
             lr = get_lr(r.iter_num, cfg)
-            losses, grad_norm = step(r, lr, nan_at)
+            losses, grad_norm = step(r, lr)
             window.append(losses)
             pbar.update(1)
             is_eval = r.iter_num % cfg['eval_interval'] == 0 or r.iter_num == cfg['max_iters']

@@ -4,7 +4,7 @@ import math
 import os
 import sys
 
-from configurator import at_rate, meta_model, scale_counts, variant_rates
+from configurator import at_rate, meta_model, scale_counts
 from comparison import stats
 from machinery.cli import UserError, split_list
 from machinery.files import write_text
@@ -47,7 +47,7 @@ def sizes(text):
     return out
 
 
-def size_settings(cfg):
+def size_settings(cfg, baseline):
     """Every size of --sizes with its settings, on top of the comparison's. Token budget: --max_iters at every size, or
     with --tokens_per_param=K, iterations = ceil(K·N / tokens per iteration), N the baseline's non-embedding parameters
     there (Hoffmann et al. 2022 find K ≈ 20 compute-optimal), warmup, decay and evaluation intervals scaled alike (the
@@ -60,7 +60,6 @@ def size_settings(cfg):
     if cfg['tokens_per_param'] > 0 and cfg['max_iters'] < 1:
         raise UserError("--tokens_per_param scales the schedule of --max_iters; give --max_iters of at least 1.")
     out, all_sizes = [], sizes(cfg['sizes'])
-    baseline = cfg['baseline'] or next(iter(variant_rates(cfg['variants'], 'variants')))
     for size in all_sizes:
         s = dict(n_layer=size['n_layer'], n_embd=size['n_embd'], n_head=size['n_head'],
                  out_dir=os.path.join(cfg['out_dir'], size['name']))
@@ -140,7 +139,7 @@ def point(size, summ, v):
 def multiplier(base, points, times_meaningful):
     """The effective compute multiplier of a variant per size and at EXTRAPOLATE x the largest compute (stats), and the
     effective speedup: the multiplier times the variant's tokens/s over the baseline's (eager unless compiled/GPU)."""
-    if any(None in p['seed_losses'] for p in base + points):  # a stopped seed: no loss to fit
+    if any(None in p['seed_losses'] for p in base + points):  # a diverged seed: no loss to fit
         return None
     done = lambda ps: [(p['flops'], p['seed_losses']) for p in ps]
     m = stats.compute_multiplier(done(base), done(points), EXTRAPOLATE * max(p['flops'] for p in base))

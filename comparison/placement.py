@@ -70,13 +70,13 @@ def resolve_jobs(cfg, n_runs, step_flops, need_bytes):
         f"context); --jobs sets the number")
 
 
-def placement(slots, gpus, nproc):
-    """The GPUs of each of `slots` runs at a time: groups of nproc GPUs (one per DDP process) dealt round robin, so 8
+def slots(jobs, gpus, nproc):
+    """The GPUs of each of `jobs` runs at a time: groups of nproc GPUs (one per DDP process) dealt round robin, so 8
     runs on 4 GPUs are 2 per GPU; None per slot when there are no GPUs to place on."""
     if not gpus:
-        return [None] * slots
+        return [None] * jobs
     groups = [gpus[i:i + nproc] for i in range(0, len(gpus) - nproc + 1, nproc)]
-    return [groups[s % len(groups)] for s in range(slots)]
+    return [groups[s % len(groups)] for s in range(jobs)]
 
 
 def gpu_env(gpus):

@@ -34,7 +34,7 @@ def ema(values, beta):
 
 
 def padded(rows):
-    """Curves of different lengths (a stopped run is shorter) as one array, NaN past each curve's end."""
+    """Curves of different lengths (a diverged run is shorter) as one array, NaN past each curve's end."""
     out = np.full((len(rows), max(len(r) for r in rows)), np.nan)
     for i, r in enumerate(rows):
         out[i, :len(r)] = r
@@ -54,7 +54,7 @@ def loss(path, summary, by_variant, smooth):
         done = [m for m in ms if m['curve']['val']]
         if not done:
             continue
-        # evaluations at the same iterations for every seed; a stopped run adds the points it has
+        # evaluations at the same iterations for every seed; a diverged run adds the points it has
         val = padded([[p[3] for p in m['curve']['val']] for m in done])
         tok = np.array(max((m['curve']['val'] for m in done), key=len))[:, 1]
         secs = np.nanmean(padded([[p[2] for p in m['curve']['val']] for m in done]), 0)

@@ -65,11 +65,11 @@ def summarize(head, runs, shapes, loss_of=WHOLE):
             damaged[os.path.join(run.dir, LOG)] = len(run.damaged)
         m = {'seed': run.seed, 'dir': run.dir, 'status': run.state, **run_metrics(run.records, loss_of)}
         if m['status'] != 'done':
-            m['final_val_loss'] = None  # a stopped run has no final evaluation to compare
+            m['final_val_loss'] = None  # a diverged run has no final evaluation to compare
         by_variant.setdefault(run.variant, []).append(m)
     # the times depend on whether the runs were compiled and how many trained side by side
     compiled = {(r.checkpoint or {}).get('compiled') for r in runs} - {None}  # None: no checkpoint to say
-    at_once = {r.plan.get('at_once') for r in runs}
+    at_once = {r.intent.get('at_once') for r in runs}
     out = {'baseline': baseline, 'seeds': head['seeds'], 'dataset': head['dataset'],
            'compiled': 'mixed' if len(compiled) > 1 else 'on' if compiled == {True} else 'off',
            'at_once': at_once.pop() if len(at_once) == 1 else 'mixed', 'settings': head['settings'],
@@ -80,11 +80,11 @@ def summarize(head, runs, shapes, loss_of=WHOLE):
         done = [m for m in ms if m['status'] == 'done']
         out['variants'][v] = {
             'params': shapes[v]['params'], 'scale': scale,
-            'status': 'done' if len(done) == len(ms) else 'stopped',
+            'status': 'done' if len(done) == len(ms) else 'diverged',
             'final_val_loss': mean_std([m['final_val_loss'] for m in ms]),
             'diff_to_baseline': stats.paired(seed_gaps(ms, by_variant[baseline])) if v != baseline else None,
             'tok_s': statistics.fmean(m['tok_s'] for m in ms if m['tok_s']) if any(m['tok_s'] for m in ms) else None,
-            # over the finished runs (a stopped run's partial time is not a run's time), or all where none finished
+            # over the finished runs (a diverged run's partial time is not a run's time), or all where none finished
             'train_time_s': statistics.fmean(m['train_time_s'] for m in (done or ms)),
             'tokens': max(m['tokens'] for m in ms),
             'learned': mean_over_seeds(acts) if (acts := [m['act'] for m in ms if m['act']]) else None,
@@ -227,7 +227,7 @@ def table(summary):
             '|---|' + '---:|' * bool(rate) + '---:|---:|---:|---:|---:|:---:|---:|---:|']
     for v, s in summary['variants'].items():
         p, d = s['params'], s['diff_to_baseline']
-        val = fmt_loss(s['final_val_loss']) + ('' if s['status'] == 'done' else ' (stopped)')
+        val = fmt_loss(s['final_val_loss']) + ('' if s['status'] == 'done' else ' (diverged)')
         diff = 'baseline' if v == base else fmt_loss(d, signed=True)
         res = '' if d is None else 'no (1 seed)' if d['n'] < 2 else (
             f"{'yes' if d['resolved'] else 'no'}" + (f" (t={d['t']:.1f})" if d['t'] is not None else ''))
@@ -255,7 +255,7 @@ def lr_section(summary):
         half, double = (fmt_loss(x['sensitivity'][k], signed=True) for k in ('half', 'double'))
         diff = 'baseline' if v == base else fmt_loss(shared[v]['diff_to_baseline'], signed=True)
         rates = ', '.join(fmt_rate(r) + '†' * (x['report'][repr(r)] is None) for r in x['rates'])
-        at_shared = fmt_loss(shared[v]['final_val_loss']) + ('' if shared[v]['status'] == 'done' else ' (stopped)')
+        at_shared = fmt_loss(shared[v]['final_val_loss']) + ('' if shared[v]['status'] == 'done' else ' (diverged)')
         rows.append(f"| {v} | {rates} | {best} | {margin} | {half} | {double} | {at_shared} | {diff} |")
     failed = any(None in x['report'].values() for x in summary['lr'].values())
     return ['## Learning rates', '',
@@ -363,7 +363,7 @@ def acts_section(summary):
 
 
 def write_markdown(path, summary):
-    tokens = max(s['tokens'] for s in summary['variants'].values())  # a stopped run logged fewer
+    tokens = max(s['tokens'] for s in summary['variants'].values())  # a diverged run logged fewer
     same = all(summary['same_batches'].values()) and summary['same_val_windows']
     lines = [f"# FFN comparison on {summary['dataset']}", '',
              f"{len(summary['variants'])} variants x {len(summary['seeds'])} seed(s) "
@@ -390,8 +390,8 @@ def write_markdown(path, summary):
         lines += ['WARNING: runs of the same seed saw different training batches (batch_hash differs).', '']
     if summary['same_val_windows'] is False:
         lines += ['WARNING: runs were evaluated on different validation windows (val_hash differs).', '']
-    lines += [f"{v} seed {r['seed']} stopped: it diverged after its last logged iteration, {r['iters']} (see "
-              f"{r['dir']}/stopped.txt).\n"
+    lines += [f"{v} seed {r['seed']} diverged after its last logged iteration, {r['iters']} (see "
+              f"{r['dir']}/diverged.txt).\n"
               for v, s in summary['variants'].items() for r in s['runs'] if r['status'] != 'done']
     lines += (lr_section(summary) if summary.get('lr') else []) + pairs_section(summary) + matched_section(summary)
     lines += learned_section(summary)

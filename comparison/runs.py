@@ -3,54 +3,91 @@ A comparison's runs as data: what each run is to be (a spec), what its directory
 command that trains it.
 
 A run is a plain train.py run in <out_dir>/<variant>[/lr<rate>]/seed<seed>, recognised by the settings its checkpoint
-holds, or before its first checkpoint by the compare.json that compare.py writes when it starts or plans one (once
+holds, or before its first checkpoint by the compare.json that compare.py writes when it starts or lists one (once
 that try has logged something: a try that failed before, or a planned run not started yet, holds nothing).
 """
 import hashlib
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass
 
-from configurator import DEFAULTS, at_rate, variant_settings
+from activations import VARIANTS, check_variant
+from configurator import DEFAULTS, at_rate, keys_that
 from machinery.checkpoint import CKPT, load_checkpoint
-from machinery.cli import split_list, to_argv
+from machinery.cli import UserError, parse_args, split_list, to_argv
 from machinery.files import reading, remove_dead_temps
-from machinery.run_log import LOG, STOPPED, read_log_lines
+from machinery.run_log import DIVERGED, LOG, read_log_lines
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')  # the repo's
-# where a run lives, how it starts, its CPU threads, whether it is compiled (the same losses within float rounding) and
-# the FLOP/s its MFU is measured against: not what it is
-NOT_IDENTITY = ('out_dir', 'data_dir', 'init_from', 'overwrite', 'compile', 'compile_mode', 'peak_flops',
-                'threads')
-PLAN = 'compare.json'  # compare.py's plan of a run it started or listed: its settings, before any checkpoint
+INTENT = 'compare.json'  # what compare.py meant a run to be as it started or listed it: its settings
 TRAIN_OUT = 'train.out'  # the output of every try compare.py started, each after its `$ command` line
-FINISHED = ('done', 'stopped')  # states that are results: reused, never trained again
-
-
-def identifies(key):
-    """Whether a setting is part of what a run is (its experiment tracking is not)."""
-    return key not in NOT_IDENTITY and not key.startswith('wandb_')
+FINISHED = ('done', 'diverged')  # states that are results: reused, never trained again
 
 
 def identity(settings, processes):
-    """What a run is: its identifying settings (train.py's defaults filling what it did not set) and processes."""
-    return {**{k: settings.get(k, v) for k, v in DEFAULTS.items() if identifies(k)}, 'processes': processes}
-
-
-# what a tuned learning rate does not depend on: the variant and seed, the rate itself (min_lr as its ratio to it), and
-# where and how a run trains and is evaluated
-NOT_TUNING = ('ffn', 'seed', 'learning_rate', 'min_lr', 'device', 'eval_interval', 'eval_iters', 'log_interval',
-              'always_save_checkpoint')
+    """What a run is: its 'id' settings (train.py's defaults filling what it did not set) and processes."""
+    return {**{k: settings.get(k, DEFAULTS[k]) for k in keys_that('id')}, 'processes': processes}
 
 
 def tuning_key(cfg):
-    """The settings a comparison's learning rates are tuned at, as 12 hex digits (of a SHA-256): every setting that
-    makes a run what it is (identity) but those in NOT_TUNING, and min_lr's ratio to the rate. A sweep's summary
-    names it as tuned_at; a comparison at other settings finds its tuned rates untuned."""
-    settings = {k: v for k, v in identity(cfg, cfg['nproc_per_run']).items() if k not in NOT_TUNING}
+    """The settings a comparison's learning rates are tuned at, as 12 hex digits (of a SHA-256): configurator's 'tune'
+    keys, the processes per run, and min_lr's ratio to the rate. A sweep's summary names it as tuned_at; a comparison
+    at other settings finds its tuned rates untuned."""
+    settings = {**{k: cfg[k] for k in keys_that('tune')}, 'processes': cfg['nproc_per_run']}
     settings['min_lr_ratio'] = cfg['min_lr'] / cfg['learning_rate'] if cfg['learning_rate'] else None
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def check_variants(text):
+    """The FFN variants named in a comma-separated setting (e.g. --variants), each checked by variant_settings."""
+    labels = split_list(text)
+    if not labels:
+        raise UserError(f"no variant named; give comma-separated names of: {', '.join(VARIANTS)}.")
+    for label in labels:
+        variant_settings(label)
+    if len(set(labels)) < len(labels):
+        raise UserError(f"'{text}' names a variant twice; list each once.")
+    return labels
+
+
+def variant_rates(text, key):
+    """{label: its rate, None where it carries none} of a comma-separated list of variants (--variants, --tuned_lrs),
+    each perhaps carrying a learning rate after '@' (gelu@8e-3, polyrelu:poly_order=2@8e-3); each label checked by
+    variant_settings, once."""
+    out = {}
+    for item in split_list(text):
+        label, at, rate = item.rpartition('@') if '@' in item else (item, '', '')
+        variant_settings(label)
+        if label in out:
+            raise UserError(f"--{key}='{text}' names {label} twice; list each variant once.")
+        try:
+            out[label] = float(rate) if at else None
+        except ValueError:
+            out[label] = math.nan
+        if at and not 0 < out[label] < math.inf:
+            raise UserError(f"--{key}: '{item}' carries no rate a run can take after '@'; give a number above 0, e.g. "
+                            f"{label}@8e-3.")
+    return out
+
+
+def variant_settings(label):
+    """The settings a variant of a comparison stands for: a name of activations.VARIANTS, optionally carrying model
+    settings of its own, so that one comparison can vary them: 'polyrelu:poly_order=2' -> {'ffn': 'polyrelu',
+    'poly_order': 2}."""
+    name, *own = label.split(':')
+    try:
+        check_variant(name)
+    except ValueError as e:
+        raise UserError(f"{e}.") from None
+    keys = {k: DEFAULTS[k] for k in keys_that('model') if k != 'ffn'}
+    try:
+        cfg, given = parse_args(keys, [f'--{item}' for item in own], prog='compare.py')
+    except UserError as e:
+        raise UserError(f"variant '{label}': {str(e).rstrip('.')} (a variant carries model settings as "
+                        f"name:key=value, e.g. polyrelu:poly_order=2).") from None
+    return {'ffn': name, **{k: cfg[k] for k in given}}
 
 
 def make_run(cfg, variant, seed, lr=None):
@@ -76,7 +113,7 @@ def make_run(cfg, variant, seed, lr=None):
 @dataclass
 class Run:
     """A run's spec and what its directory held when it was scanned. state, the one word for its outcome: 'done',
-    'stopped' (it diverged: its outcome at these settings), 'resume' (a checkpoint to continue from), 'scratch'
+    'diverged' (its outcome at these settings), 'resume' (a checkpoint to continue from), 'scratch'
     (nothing yet), 'retrain' (a checkpoint whose log lines are gone, so its results cannot be read) or 'mismatch'
     (trained with other settings)."""
     spec: dict
@@ -84,7 +121,7 @@ class Run:
     records: list  # log.jsonl's records
     damaged: list  # log.jsonl's lines that are not records, set aside
     checkpoint: dict | None  # ckpt.pt, memory-mapped (its tensors are read only if used), None if none is readable
-    plan: dict  # compare.json, {} if none
+    intent: dict  # compare.json, {} if none
     found: dict | None  # the identity the directory holds, None if it holds none
 
     variant = property(lambda self: self.spec['variant'])
@@ -116,12 +153,12 @@ def scan(spec):
     records, damaged = read_log_lines(os.path.join(d, LOG))
     hint = f"delete the run's directory {d} to train it again, or use another --out_dir"
     ckpt = load_checkpoint(d, None, mmap=True, hint=hint)  # its tensors stay on disk
-    plan, plan_path = {}, os.path.join(d, PLAN)
-    with reading(plan_path, hint):
-        if os.path.exists(plan_path):
-            with open(plan_path, encoding='utf-8') as f:
-                plan = {**json.load(f)}
-        found, saved = (identity(plan['settings'], plan['processes']) if plan and records else None), None
+    intent, intent_path = {}, os.path.join(d, INTENT)
+    with reading(intent_path, hint):
+        if os.path.exists(intent_path):
+            with open(intent_path, encoding='utf-8') as f:
+                intent = {**json.load(f)}
+        found, saved = (identity(intent['settings'], intent['processes']) if intent and records else None), None
     if ckpt is not None:  # what it is, from its checkpoint once it has one
         with reading(os.path.join(d, CKPT), hint):
             found, saved = identity(ckpt['config'], ckpt['world_size']), ckpt['iter_num']
@@ -130,13 +167,13 @@ def scan(spec):
         state = 'mismatch'
     elif saved == spec['settings']['max_iters'] and evaluated(saved):
         state = 'done'
-    elif os.path.exists(os.path.join(d, STOPPED)):  # it diverged (train.py's note)
-        state = 'stopped'
+    elif os.path.exists(os.path.join(d, DIVERGED)):  # train.py's note
+        state = 'diverged'
     elif saved is None:
         state = 'scratch'
     else:
         state = 'resume' if evaluated(saved) else 'retrain'
-    return Run(spec, state, records, damaged, ckpt, plan, found)
+    return Run(spec, state, records, damaged, ckpt, intent, found)
 
 
 def command_line(spec, mode):

@@ -151,8 +151,7 @@ def parse_args(defaults, argv, types=None, prog='train.py', doc=''):
         if not arg.startswith('-'):
             _run_config_file(arg, config, defaults, types, given)
             continue
-        key, equals, text = arg[2:].partition('=')
-        key = key if key in defaults else key.replace('-', '_')
+        key, equals, text = split_arg(arg)
         want = types.get(key, type(defaults.get(key)))
         if arg.startswith('--') and not equals and want is bool:
             equals, text = '=', 'True'  # a bool key alone switches it on: --plan means --plan=True
@@ -163,6 +162,12 @@ def parse_args(defaults, argv, types=None, prog='train.py', doc=''):
         config[key] = coerce(key, _parse_literal(text, want, defaults[key]), want, defaults[key], '--')
         given.add(key)
     return config, given
+
+
+def split_arg(arg):
+    """'--key=value' -> (key, '=', value), a '-' in key read as '_' (--n-layer): every override is split here."""
+    key, equals, text = arg[2:].partition('=')
+    return key.replace('-', '_'), equals, text
 
 
 def to_argv(settings):

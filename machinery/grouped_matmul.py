@@ -41,51 +41,49 @@ def _group_sizes(offs):
 
 
 @torch.library.custom_op("nanoffn::expert_mm", mutates_args=())
-def expert_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, grouped: bool) -> torch.Tensor:
+def expert_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """Rows of `a` sorted by expert (group e = rows offs[e-1]:offs[e]) times that expert's w[e] (E, in, out)."""
-    if grouped and _grouped_mm_ok(a, w):
+    if _grouped_mm_ok(a, w):
         return GROUPED_MM(a, w, offs=offs)
     return torch.cat([ae @ we for ae, we in zip(a.split(_group_sizes(offs)), w.unbind(0))])  # fallback loop
 
 
 @torch.library.custom_op("nanoffn::expert_mm_weight_grad", mutates_args=())
-def expert_mm_weight_grad(a: torch.Tensor, grad: torch.Tensor, offs: torch.Tensor, grouped: bool) -> torch.Tensor:
+def expert_mm_weight_grad(a: torch.Tensor, grad: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """∂L/∂w[e] = a_eᵀ · grad_e for every expert e: (E, in, out)."""
-    if grouped and _grouped_mm_ok(a, grad):
+    if _grouped_mm_ok(a, grad):
         return GROUPED_MM(a.t(), grad, offs=offs)
     sizes = _group_sizes(offs)
     return torch.stack([ae.t() @ ge for ae, ge in zip(a.split(sizes), grad.split(sizes))])
 
 
 @expert_mm.register_fake
-def _(a, w, offs, grouped):
+def _(a, w, offs):
     return a.new_empty(a.shape[0], w.shape[-1])
 
 
 @expert_mm_weight_grad.register_fake
-def _(a, grad, offs, grouped):
+def _(a, grad, offs):
     return a.new_empty(offs.shape[0], a.shape[-1], grad.shape[-1])
 
 
 def _expert_mm_setup(ctx, inputs, output):
-    a, w, offs, grouped = inputs
-    ctx.save_for_backward(a, w, offs)
-    ctx.grouped = grouped
+    ctx.save_for_backward(*inputs)
 
 
 def _expert_mm_backward(ctx, grad):
     a, w, offs = ctx.saved_tensors
     grad = grad.contiguous()  # the activations' gradient; the weights are read transposed in place, never copied
-    grad_a = expert_mm(grad, w.transpose(1, 2), offs, ctx.grouped)
-    return grad_a, expert_mm_weight_grad(a, grad, offs, ctx.grouped), None, None
+    grad_a = expert_mm(grad, w.transpose(1, 2), offs)
+    return grad_a, expert_mm_weight_grad(a, grad, offs), None
 
 
 expert_mm.register_autograd(_expert_mm_backward, setup_context=_expert_mm_setup)
 
 
-def expert_matmul(a, w, offs, grouped=True):
+def expert_matmul(a, w, offs):
     """expert_mm under autocast: both operands in the autocast dtype (custom ops are not autocast by torch)."""
     if torch.is_autocast_enabled(a.device.type):
         dt = torch.get_autocast_dtype(a.device.type)
         a, w = a.to(dt), w.to(dt)
-    return expert_mm(a, w, offs, grouped)
+    return expert_mm(a, w, offs)

@@ -2,8 +2,8 @@
 A run's log, log.jsonl: one JSON record per logged iteration, as train.py writes it (its docstring says which fields),
 appended a line at a time, so that every finished line is readable while the run goes on. Its one reader,
 read_log_lines, trusts what train.py wrote: a line that is not a record (torn by a kill, damaged by hand or by a disk)
-is set aside, never a reason to drop the others, and a report reads a missing field as missing. Beside it, stopped.txt:
-why a run stopped for good.
+is set aside, never a reason to drop the others, and a report reads a missing field as missing. Beside it, diverged.txt:
+why a run diverged: its outcome at its settings.
 """
 import json
 import math
@@ -17,7 +17,7 @@ from machinery.cli import RunStopped
 from machinery.files import append_lines, write_text
 
 LOG = 'log.jsonl'
-STOPPED = 'stopped.txt'  # why the run diverged (train.py), its outcome at these settings; a new try removes it
+DIVERGED = 'diverged.txt'  # why the run diverged (train.py), its outcome at these settings; a new try removes it
 DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
 
 
@@ -71,10 +71,10 @@ def append_log(path, record):
     append_lines(path, [json.dumps(record) + '\n'])
 
 
-def clear_stopped(out_dir):
-    """A new try of a run: the note of how an earlier one stopped goes, so that afterwards it says how this one did."""
+def clear_diverged(out_dir):
+    """A new try of a run: the note that an earlier one diverged goes, so that afterwards it says how this one did."""
     with suppress(FileNotFoundError):
-        os.remove(os.path.join(out_dir, STOPPED))
+        os.remove(os.path.join(out_dir, DIVERGED))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def clear_stopped(out_dir):
 
 
 class Diverged(RunStopped):
-    """A loss or the weights became non-finite: the run's outcome at these settings, kept in out_dir/stopped.txt."""
+    """A loss or the weights became non-finite: the run's outcome at these settings, kept in out_dir/diverged.txt."""
 
 
 def check_finite_losses(losses, iter_num, kept):
@@ -106,4 +106,4 @@ def note_diverged(out_dir, e):
     """Why a run diverged, kept in its directory: compare.py counts it as the run's result, never to train again. Any
     other stop (a failed write) is not noted, so the same command again continues the run."""
     with suppress(RunStopped):  # a disk too full for the note: the run stops all the same
-        write_text(os.path.join(out_dir, STOPPED), f"{e}\n")
+        write_text(os.path.join(out_dir, DIVERGED), f"{e}\n")

@@ -88,8 +88,8 @@ def test_auto_device_never_picks_mps_which_bench_does_not_measure(monkeypatch):
 
 
 def test_bench_sets_up_the_hardware_through_train_pys_device_setup(monkeypatch):
-    calls, setup = [], bench.hw.setup
-    monkeypatch.setattr(bench.hw, "setup", lambda *a, **kw: calls.append((a, kw)) or setup(*a, **kw))
+    calls, setup = [], bench.device.setup
+    monkeypatch.setattr(bench.device, "setup", lambda *a, **kw: calls.append((a, kw)) or setup(*a, **kw))
     threads = torch.get_num_threads()
     try:
         got = bench.setup(bench.parse_args(bench.DEFAULTS, TINY + ["--dtype=float32"])[0])

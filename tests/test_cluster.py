@@ -24,7 +24,7 @@ from comparison import runs  # noqa: E402
 from comparison import placement
 from machinery.cli import UserError, run_cli  # noqa: E402
 from machinery.files import read_json  # noqa: E402
-from comparison.runs import PLAN
+from comparison.runs import INTENT
 
 TINY = ['--seed=1337', '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
         '--lr_decay_iters=4', '--warmup_iters=1', '--eval_interval=2', '--eval_iters=2', '--log_interval=1',
@@ -40,9 +40,7 @@ def compare_cmd(data_dir, out_dir, *extra):
 
 
 def env():
-    e = {**os.environ, 'OMP_NUM_THREADS': '1'}
-    e.pop('NANOFFN_NAN_AT', None)
-    return e
+    return {**os.environ, 'OMP_NUM_THREADS': '1'}
 
 
 def check(p):
@@ -71,14 +69,14 @@ def four_gpus(fake_gpu, monkeypatch, sixteen_cores):
 def test_eight_runs_on_four_gpus_are_two_per_gpu(four_gpus):
     gpus, jobs, _, _ = placement.resolve_jobs(dict(compare.DEFAULTS, device='auto', jobs=8), 8, *LARGE)
     assert gpus == four_gpus and jobs == 8
-    envs = [placement.gpu_env(gpus_of_slot) for gpus_of_slot in placement.placement(jobs, gpus, 1)]
+    envs = [placement.gpu_env(gpus_of_slot) for gpus_of_slot in placement.slots(jobs, gpus, 1)]
     assert all(e['CUDA_VISIBLE_DEVICES'] in four_gpus for e in envs)  # exactly one GPU each
     assert collections.Counter(e['CUDA_VISIBLE_DEVICES'] for e in envs) == {g: 2 for g in four_gpus}
     # by default a large model gets one GPU per run; DDP runs get GPUs of their own, in groups
     assert placement.resolve_jobs(dict(compare.DEFAULTS, device='cuda', jobs=0), 99, *LARGE)[:2] == (four_gpus, 4)
     assert placement.resolve_jobs(dict(compare.DEFAULTS, device='auto', jobs=0, nproc_per_run=2), 99, *LARGE)[:2] == (
         four_gpus, 2)
-    assert placement.placement(4, four_gpus, 2) == [['4', '5'], ['6', '7'], ['4', '5'], ['6', '7']]
+    assert placement.slots(4, four_gpus, 2) == [['4', '5'], ['6', '7'], ['4', '5'], ['6', '7']]
     assert placement.gpu_env(['6', '7'])['CUDA_VISIBLE_DEVICES'] == '6,7'
     assert placement.resolve_jobs(dict(compare.DEFAULTS, device='cpu', jobs=0), 99, *LARGE)[:2] == ([], 1)
     # on a CPU with one thread per run: one run per core (each core one single-threaded run)
@@ -98,14 +96,14 @@ def test_tiny_runs_share_a_gpu_and_large_ones_have_one_each(fake_gpu, sixteen_co
     per_gpu = min(placement.MAX_SHARE, 16 // n_gpus)
     gpus, jobs, _, why = placement.resolve_jobs(cfg, 99, *SMALL)
     assert (gpus, jobs) == (names, per_gpu * n_gpus) and f'up to {per_gpu} per GPU' in why and '--jobs' in why
-    slots = placement.placement(jobs, gpus, 1)
+    slots = placement.slots(jobs, gpus, 1)
     assert collections.Counter(placement.gpu_env(g)['CUDA_VISIBLE_DEVICES'] for g in slots) == {g: per_gpu for g in names}
     assert placement.resolve_jobs(cfg, 99, *LARGE)[:2] == (names, n_gpus)
     assert placement.resolve_jobs(cfg, 99, SMALL[0], 60 * 2**30)[:2] == (names, n_gpus)  # two would not fit in 80 GiB
     # one GPU named: no placement (each run's own set-up picks the GPU), the same rule for how many at a time
     gpus, jobs, _, why = placement.resolve_jobs({**cfg, 'device': f'cuda:{n_gpus - 1}'}, 99, *SMALL)
     assert (gpus, jobs) == ([], min(placement.MAX_SHARE, 16)) and f'GPU {n_gpus - 1}' in why
-    assert placement.placement(jobs, gpus, 1) == [None] * jobs
+    assert placement.slots(jobs, gpus, 1) == [None] * jobs
 
 
 def test_cpu_runs_at_a_time_count_the_cores_this_process_may_use(monkeypatch):
@@ -145,16 +143,16 @@ def test_train_all_keeps_two_runs_per_gpu(four_gpus, tmp_path, monkeypatch):
     monkeypatch.setattr(compare.subprocess, 'Popen', popen)
     monkeypatch.setattr(compare.time, 'sleep', lambda s: None)
     planned = [runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path)), 'gelu', s) for s in range(12)]
-    compare.train_all([runs.scan(r) for r in planned], placement.placement(8, four_gpus, 1), 0, False,
+    compare.train_all([runs.scan(r) for r in planned], placement.slots(8, four_gpus, 1), 0, False,
                       progress.PlainProgress(12, 'runs'))
-    records = [read_json(os.path.join(r['dir'], PLAN)) for r in planned]
+    records = [read_json(os.path.join(r['dir'], INTENT)) for r in planned]
     assert len(started) == 12 and all(rec['at_once'] == 8 for rec in records)
     assert max(p.load for p in started) == 2
     assert collections.Counter(p.gpu for p in started[:8]) == {g: 2 for g in four_gpus}
     # one run left to train has 8 slots to itself: it trains alone, and its record says so (its tok/s depend on it)
     compare.train_all([runs.scan(runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path / 'one')), 'gelu', 0))],
-                      placement.placement(8, four_gpus, 1), 0, False, progress.PlainProgress(1, 'runs'))
-    assert read_json(os.path.join(tmp_path, 'one', 'gelu', 'seed0', PLAN))['at_once'] == 1
+                      placement.slots(8, four_gpus, 1), 0, False, progress.PlainProgress(1, 'runs'))
+    assert read_json(os.path.join(tmp_path, 'one', 'gelu', 'seed0', INTENT))['at_once'] == 1
 
 
 # ----------------------------------------------------------------------------------------------------------------------

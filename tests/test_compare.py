@@ -20,6 +20,7 @@ import pytest
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAN_TRAIN = os.path.join(REPO, 'tests', 'nan_train.py')  # train.py whose iteration $NAN_AT has a NaN loss
 sys.path.insert(0, REPO)
 
 from test_hostile import call
@@ -190,27 +191,28 @@ def test_outputs(compared):
 
 
 @pytest.mark.slow
-def test_stopped_and_cut_off_runs(compared, shakespeare_char_dir, tmp_path, monkeypatch):
+def test_diverged_and_cut_off_runs(compared, shakespeare_char_dir, tmp_path, monkeypatch):
     _, out, _ = compared
     moved = str(tmp_path / 'cmp')
     shutil.copytree(out, moved)  # a comparison directory may be moved: runs are identified by their settings
     part = run_dir(moved, 'moa', SEEDS[1])
     shutil.rmtree(part)
     argv = args(shakespeare_char_dir, moved)
-    monkeypatch.setenv('NANOFFN_NAN_AT', '3')  # train.py's debug hook: iteration 3's loss is NaN
+    monkeypatch.setenv('NAN_AT', '3')  # train.py with a NaN loss at iteration 3 (tests/nan_train.py)
+    monkeypatch.setattr(runs, 'TRAIN_PY', NAN_TRAIN)
     stdout = run_compare(argv)
-    assert '(3 to reuse, 1 to train, 1 at a time)' in stdout and 'STOPPED' in stdout and 'non-finite' in stdout
+    assert '(3 to reuse, 1 to train, 1 at a time)' in stdout and 'DIVERGED' in stdout and 'non-finite' in stdout
     summary = json.load(open(os.path.join(moved, 'summary.json')))
     moa = summary['variants']['moa']
-    assert moa['status'] == 'stopped' and [r['status'] for r in moa['runs']] == ['done', 'stopped']
-    assert moa['final_val_loss']['n'] == 1  # the stopped seed has no final loss to average
+    assert moa['status'] == 'diverged' and [r['status'] for r in moa['runs']] == ['done', 'diverged']
+    assert moa['final_val_loss']['n'] == 1  # the diverged seed has no final loss to average
     assert 'diverged after its last logged iteration, 2 ' in open(os.path.join(moved, 'summary.md')).read()
-    monkeypatch.delenv('NANOFFN_NAN_AT')
-    assert '(4 to reuse, 0 to train)' in run_compare(argv)  # a stop is a result: the same command does not retry it
+    monkeypatch.undo()
+    assert '(4 to reuse, 0 to train)' in run_compare(argv)  # a divergence is a result: the same command does not retry it
 
-    # what a kill at iteration 3 leaves: the checkpoint and log of iteration 2 (and no stopped.txt: a killed run did
-    # not stop on its own)
-    os.remove(os.path.join(part, 'stopped.txt'))
+    # what a kill at iteration 3 leaves: the checkpoint and log of iteration 2 (and no diverged.txt: a killed run did
+    # not diverge)
+    os.remove(os.path.join(part, 'diverged.txt'))
     stdout = run_compare(argv)
     assert '(3 to reuse, 1 to train, 1 at a time)' in stdout and 'resumed from iteration 2' in stdout
     resumed, full = (read_log(os.path.join(d, 'log.jsonl')) for d in (part, run_dir(out, 'moa', SEEDS[1])))
@@ -250,8 +252,8 @@ def test_a_hundred_seeds_are_a_comparison():
 
 
 def test_only_a_diverged_run_is_an_outcome(tmp_path):
-    """A try that exits non-zero and leaves stopped.txt (train.py's note of a divergence; exit status 3, or torchrun's
-    1) ends in the run's outcome: its state is 'stopped', and it is reused. Without it (a full disk) it is a failure:
+    """A try that exits non-zero and leaves diverged.txt (train.py's note of a divergence; exit status 3, or torchrun's
+    1) ends in the run's outcome: its state is 'diverged', and it is reused. Without it (a full disk) it is a failure:
     the comparison stops, and the same command again continues the run, even with its settings corrected when the
     failed try logged nothing. (compare.py removes an earlier try's note before it starts a run.)"""
     cfg = compare.settings([f'--out_dir={tmp_path}', '--variants=gelu', '--seeds=1', *TINY])
@@ -266,20 +268,20 @@ def test_only_a_diverged_run_is_an_outcome(tmp_path):
     with pytest.raises(RunStopped, match='No space left'):
         job.finish()
     assert scan_state(spec) == 'scratch'
-    record = os.path.join(spec['dir'], runs.PLAN)
+    record = os.path.join(spec['dir'], runs.INTENT)
     files.write_json(record, {'settings': {**spec['settings'], 'n_embd': 64}, 'processes': 1})
     assert scan_state(spec) == 'scratch'  # not 'mismatch': nothing was trained with those settings
     run_log.append_log(job.log_path, {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
     assert scan_state(spec) == 'mismatch'  # but a failed try that trained some says what it was
     os.remove(job.log_path)
     diverged = "the training loss became non-finite (nan) at iteration 3, so the run stopped"
-    notes = {os.path.join(spec['dir'], 'stopped.txt'): diverged, job.out_path: f"$ train.py\nstopped: {diverged}"}
+    notes = {os.path.join(spec['dir'], 'diverged.txt'): diverged, job.out_path: f"$ train.py\nstopped: {diverged}"}
     for path, text in notes.items():
         with open(path, 'w') as f:
             f.write(text + '\n')
     job.proc.returncode = 1  # a divergence as torchrun reports it (a DDP run's process exited 3)
     run, line = job.finish()
-    assert line.endswith(f'STOPPED: stopped: {diverged}') and run.state == 'stopped' == scan_state(spec)
+    assert line.endswith(f'DIVERGED: stopped: {diverged}') and run.state == 'diverged' == scan_state(spec)
 
 
 def test_a_run_without_a_checkpoint_does_not_make_the_times_mixed(tmp_path):
@@ -316,13 +318,13 @@ def test_a_planned_run_that_diverged_before_its_first_checkpoint_keeps_its_setti
     (run,) = grid_specs(compare.settings(argv + ['--learning_rate=1e-3']))
     assert scan_state(run) == 'scratch'  # planned, never started: the new settings simply replace the plan
     run_log.append_log(os.path.join(run['dir'], 'log.jsonl'), {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
-    with open(os.path.join(run['dir'], 'stopped.txt'), 'w') as f:
+    with open(os.path.join(run['dir'], 'diverged.txt'), 'w') as f:
         f.write('the training loss became non-finite\n')
-    assert scan_state(grid_specs(compare.settings(argv))[0]) == 'stopped'
+    assert scan_state(grid_specs(compare.settings(argv))[0]) == 'diverged'
     assert scan_state(run) == 'mismatch'
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # planning changes
         compare.main(argv + ['--learning_rate=1e-3', '--overwrite=True', '--plan=True'])  # nothing it holds
-    assert scan_state(grid_specs(compare.settings(argv))[0]) == 'stopped'
+    assert scan_state(grid_specs(compare.settings(argv))[0]) == 'diverged'
     assert scan_state(run) == 'mismatch'
 
 
@@ -411,19 +413,21 @@ def test_the_times_note_claims_nothing_unrecorded():
 
 
 @pytest.mark.slow
-def test_a_planned_run_that_stops_is_reported_as_stopped(shakespeare_char_dir, tmp_path):
-    """A run launched from --plan's command (no compare.py around it to record the stop) leaves stopped.txt; the
-    comparison then counts it as stopped instead of asking for it again. A deliberate new try removes the note."""
+def test_a_planned_run_that_diverges_is_reported_as_diverged(shakespeare_char_dir, tmp_path, monkeypatch):
+    """A run launched from --plan's command (no compare.py around it to record the stop) leaves diverged.txt; the
+    comparison then counts it as diverged instead of asking for it again. A deliberate new try removes the note."""
     cfg = compare.settings(args(shakespeare_char_dir, str(tmp_path / 'cmp')) + ['--variants=gelu', '--seeds=1'])
     (run,) = grid_specs(cfg)
+    monkeypatch.setattr(runs, 'TRAIN_PY', NAN_TRAIN)
     cmd = runs.command_line(run, 'scratch')
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, 'NANOFFN_NAN_AT': '3'})
+    monkeypatch.undo()
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, 'NAN_AT': '3'})
     assert p.returncode == 3, p.stderr[-2000:]
-    assert 'non-finite' in open(os.path.join(run['dir'], 'stopped.txt')).read()
-    assert scan_state(run) == 'stopped'
+    assert 'non-finite' in open(os.path.join(run['dir'], 'diverged.txt')).read()
+    assert scan_state(run) == 'diverged'
     p = subprocess.run(runs.command_line(run, 'resume'), capture_output=True, text=True)  # tried again, no NaN
     assert p.returncode == 0, p.stderr[-2000:]
-    assert not os.path.exists(os.path.join(run['dir'], 'stopped.txt'))
+    assert not os.path.exists(os.path.join(run['dir'], 'diverged.txt'))
     assert scan_state(run) == 'done'
 
 

@@ -104,10 +104,10 @@ def test_moe_grouped_mm_in_bf16_equals_the_per_expert_loop(ffn, monkeypatch):
     x = torch.randn(4, 64, 128, device='cuda')
     calls = []
     grouped_mm = grouped_matmul.GROUPED_MM
-    monkeypatch.setattr(grouped_matmul, 'GROUPED_MM', lambda *a, **kw: calls.append(1) or grouped_mm(*a, **kw))
     results = {}
-    for grouped in (True, False):
-        moe.use_grouped_mm = grouped
+    for grouped in (True, False):  # without torch's grouped matmul (None): the per-expert loop
+        monkeypatch.setattr(grouped_matmul, 'GROUPED_MM', (lambda *a, **kw: calls.append(1) or grouped_mm(*a, **kw))
+                            if grouped else None)
         calls.clear()
         xg = x.clone().requires_grad_(True)
         with torch.autocast('cuda', dtype=torch.bfloat16):

@@ -44,7 +44,7 @@ def test_size_settings_token_budget_and_learning_rate_rules(shakespeare_char_dir
     cfg = dict(compare.DEFAULTS, data_dir=shakespeare_char_dir, variants='gelu', sizes='2x64,3x128', out_dir='L',
                tokens_per_param=20.0, batch_size=8, block_size=32, gradient_accumulation_steps=2, max_iters=100,
                warmup_iters=10, lr_decay_iters=100, eval_interval=25, lr_rule='width', learning_rate=1e-3, min_lr=1e-4)
-    first, size = ladder.size_settings(cfg)
+    first, size = ladder.size_settings(cfg, 'gelu')
     n = configurator.scale_counts(configurator.meta_model({**cfg, 'n_layer': 3, 'n_embd': 128, 'n_head': 4, 'vocab_size': 84},
                                               shakespeare_char_dir))['non_embedding']
     s = size['settings']
@@ -53,19 +53,20 @@ def test_size_settings_token_budget_and_learning_rate_rules(shakespeare_char_dir
     assert s['eval_interval'] == round(25 * s['max_iters'] / 100)  # every size gets the same number of evaluations
     assert s['out_dir'] == os.path.join('L', '3x128') and (s['n_layer'], s['n_embd'], s['n_head']) == (3, 128, 4)
     # 4 DDP processes per run train 4 x 512 tokens per iteration: a quarter of the iterations, rounded up
-    assert ladder.size_settings({**cfg, 'nproc_per_run': 4})[1]['settings']['max_iters'] == math.ceil(20 * n / 2048)
+    four = ladder.size_settings({**cfg, 'nproc_per_run': 4}, 'gelu')[1]['settings']
+    assert four['max_iters'] == math.ceil(20 * n / 2048)
     assert s['learning_rate'] == pytest.approx(5e-4) and s['min_lr'] == pytest.approx(5e-5)  # width 64 -> 128
     assert first['settings']['learning_rate'] == pytest.approx(1e-3)
-    fixed = ladder.size_settings({**cfg, 'tokens_per_param': 0.0, 'lr_rule': 'fixed'})[1]['settings']
+    fixed = ladder.size_settings({**cfg, 'tokens_per_param': 0.0, 'lr_rule': 'fixed'}, 'gelu')[1]['settings']
     assert fixed == dict(n_layer=3, n_embd=128, n_head=4, out_dir=os.path.join('L', '3x128'))  # the comparison's own
     for k in (1e30, 1e305):  # a budget no one means, and one whose product with N overflows to inf
         with pytest.raises(UserError, match='iterations'):
-            ladder.size_settings({**cfg, 'tokens_per_param': k})
+            ladder.size_settings({**cfg, 'tokens_per_param': k}, 'gelu')
     for key in ('batch_size', 'gradient_accumulation_steps', 'nproc_per_run'):  # not a division by zero
         with pytest.raises(UserError, match='at least 1'):
-            ladder.size_settings({**cfg, key: 0})
+            ladder.size_settings({**cfg, key: 0}, 'gelu')
     # listed rates scale with the learning rate they contain, so every size's sweep contains its own
-    swept = ladder.size_settings({**cfg, 'lrs': '5e-4,1e-3,2e-3'})[1]['settings']
+    swept = ladder.size_settings({**cfg, 'lrs': '5e-4,1e-3,2e-3'}, 'gelu')[1]['settings']
     assert compare.learning_rates({**cfg, **swept}) == pytest.approx([2.5e-4, 5e-4, 1e-3])
 
 

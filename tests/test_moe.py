@@ -59,12 +59,12 @@ def test_moe_equals_naive_token_loop(ffn, k):
 
 
 @pytest.mark.parametrize("ffn", ["relu", "moa_glu"])
-def test_grouped_mm_equals_per_expert_loop(ffn):
+def test_grouped_mm_equals_per_expert_loop(ffn, monkeypatch):
+    from machinery import grouped_matmul
     moe = make_moe(ffn)
     x = torch.randn(3, 16, 32)
-    moe.use_grouped_mm = True
     y, g = outputs_and_grads(lambda x: moe(x)[0], moe, x)
-    moe.use_grouped_mm = False
+    monkeypatch.setattr(grouped_matmul, "GROUPED_MM", None)  # torch without a grouped matmul: the per-expert loop
     y_loop, g_loop = outputs_and_grads(lambda x: moe(x)[0], moe, x)
     torch.testing.assert_close(y, y_loop, rtol=1e-5, atol=1e-6)
     for a, b in zip(g, g_loop):
@@ -110,10 +110,9 @@ def test_the_backward_reads_the_weights_in_place(monkeypatch):
     """No copy of every expert's weights per call: backward hands expert_mm the transposed view of w itself."""
     from machinery import grouped_matmul
     real, seen = grouped_matmul.expert_mm, []
-    monkeypatch.setattr(grouped_matmul, "expert_mm", lambda a, w, offs, grouped: seen.append(w) or real(a, w, offs,
-                                                                                                          grouped))
+    monkeypatch.setattr(grouped_matmul, "expert_mm", lambda a, w, offs: seen.append(w) or real(a, w, offs))
     a, w = torch.randn(8, 16, requires_grad=True), torch.randn(2, 16, 32, requires_grad=True)
-    real(a, w, torch.tensor([3, 8], dtype=torch.int32), True).sum().backward()
+    real(a, w, torch.tensor([3, 8], dtype=torch.int32)).sum().backward()
     assert len(seen) == 1 and seen[0].untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
 
 
@@ -243,7 +242,7 @@ def test_gradcheck_expert_matmul_custom_op():
     a = torch.randn(7, 4, dtype=torch.float64, requires_grad=True)
     w = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
     offs = torch.tensor([2, 2, 7], dtype=torch.int32)
-    assert torch.autograd.gradcheck(lambda a, w: expert_mm(a, w, offs, True), (a, w))
+    assert torch.autograd.gradcheck(lambda a, w: expert_mm(a, w, offs), (a, w))
 
 
 @pytest.mark.parametrize("bad", [dict(moe_every=0), dict(expert_hidden=-8), dict(n_expert=-1), dict(top_k=5)])

@@ -125,7 +125,7 @@ def test_matched_verdicts_on_hand_made_curves():
     worse = [run(1, [(0, 0, 4.0), (1000, 10, 2.3)]), run(2, [(0, 0, 4.0), (1000, 10, 2.05)])]
     m = report.matched(worse, base, base_fpt, base_fpt)
     assert m['reached'] == 1 and m['tokens_ratio'] is None and m['seconds_ratio'] is None
-    assert report.matched([run(1, [], status='stopped')], base, base_fpt, base_fpt) is None
+    assert report.matched([run(1, [], status='diverged')], base, base_fpt, base_fpt) is None
 
 
 def test_matched_ratios_of_a_variant_equal_to_the_baseline_are_one():

@@ -43,7 +43,7 @@ def finish(run, select, report_half):
     """Make `run` look finished, as train.py leaves it: its record, a log whose last evaluation has these halves, and
     its checkpoint's settings and iteration."""
     os.makedirs(run['dir'], exist_ok=True)
-    with open(os.path.join(run['dir'], runs.PLAN), 'w') as f:
+    with open(os.path.join(run['dir'], runs.INTENT), 'w') as f:
         json.dump({'settings': run['settings'], 'processes': 1}, f)
     last = {'iter': run['settings']['max_iters'], 'tokens': 512, 'loss': 3.0, 'ms': 1.0, 'tok_s': 1e5,
             'val_loss': (select + report_half) / 2, 'val_halves': [select, report_half], 'val_hash': 'v',
@@ -149,7 +149,7 @@ def test_a_rate_where_a_seed_diverged_is_a_failure_there(tmp_path):
         finish(r, u_loss(r, 0), u_loss(r, 1))
     diverged = {('gelu', 4e-3, 1338), ('swiglu', 2e-3, 1337)}  # swiglu's at the shared rate
     runs = [runs_py.scan(r) for r in planned]
-    runs = [dataclasses.replace(r, state='stopped') if (r.variant, r.lr, r.seed) in diverged else r for r in runs]
+    runs = [dataclasses.replace(r, state='diverged') if (r.variant, r.lr, r.seed) in diverged else r for r in runs]
     summary = sweep_report(cfg, runs)
     gelu = summary['lr']['gelu']
     assert gelu['best'] == 2e-3 and gelu['report'][repr(4e-3)] is None and gelu['select_mean'][repr(4e-3)] is None
@@ -157,7 +157,7 @@ def test_a_rate_where_a_seed_diverged_is_a_failure_there(tmp_path):
     json.dumps(summary, allow_nan=False)
     section = '\n'.join(report.lr_section(summary))
     assert '| gelu | 1e-3, 2e-3, 4e-3† |' in section and '| swiglu | 1e-3, 2e-3†, 4e-3 |' in section
-    assert ' (stopped) |' in next(line for line in section.splitlines() if line.startswith('| swiglu'))
+    assert ' (diverged) |' in next(line for line in section.splitlines() if line.startswith('| swiglu'))
 
 
 @pytest.mark.slow

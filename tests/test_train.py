@@ -3,6 +3,7 @@
 for a handful of iterations on CPU, trained in this process (no interpreter start per run) unless it needs its own.
 
 The shakespeare_char_dir fixture (tests/conftest.py) prepares the dataset into a temporary data_dir."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ import configurator  # noqa: E402
 import train as train_py  # noqa: E402
 from machinery import cli  # noqa: E402
 from machinery.cli import UserError, parse_args  # noqa: E402
+from nan_train import nan_step  # noqa: E402
 
 TINY = ['--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
         '--block_size=32', '--batch_size=4', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2',
@@ -27,7 +29,6 @@ TINY = ['--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--
 def env(**extra):
     e = dict(os.environ)
     e['OMP_NUM_THREADS'] = '1'  # several tiny processes on a shared CPU: one thread each is far faster
-    e.pop('NANOFFN_NAN_AT', None)
     e.update(extra)
     return e
 
@@ -246,7 +247,7 @@ def test_killed_checkpoint_write_keeps_previous(tiny_run, monkeypatch):
 
 def test_nonfinite_loss_stops_and_keeps_checkpoint(shakespeare_char_dir, tmp_path, monkeypatch, capsys):
     out = str(tmp_path)
-    monkeypatch.setenv('NANOFFN_NAN_AT', '3')
+    monkeypatch.setattr(train_py, 'step', nan_step(train_py.step, 3))  # iteration 3's loss is NaN
     code, err = in_process(train_py.main, [*TINY, f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}',
                                            '--max_iters=5', '--eval_interval=2'], capsys)
     assert code == 3 and 'Traceback' not in err
@@ -262,6 +263,20 @@ def test_nonfinite_loss_stops_and_keeps_checkpoint(shakespeare_char_dir, tmp_pat
 # configurator, in-process (fast)
 
 DEFAULTS = {'n_layer': 6, 'dropout': 0.0, 'bias': False, 'dataset': 'x', 'compile': None}
+
+
+def test_one_table_says_what_every_key_is():
+    """configurator.SETTINGS: the model's keys are GPTConfig's fields, with its defaults (vocab_size 0: the dataset's);
+    what a tuned rate depends on is part of what a run is; the data stream is the dataset, batch, context and seed."""
+    from model import GPTConfig
+    fields = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
+    assert configurator.keys_that('model') == list(fields)
+    assert {k: configurator.DEFAULTS[k] for k in fields} == {**fields, 'vocab_size': 0}
+    assert set(configurator.keys_that('tune')) < set(configurator.keys_that('id')) < set(configurator.DEFAULTS)
+    assert set(configurator.keys_that('stream')) == {'dataset', 'batch_size', 'block_size', 'seed'}
+    assert configurator.TYPES['compile'] is bool and configurator.TYPES['n_layer'] is int
+    words = {w for key in configurator.SETTINGS.values() for w in key.what.split()}
+    assert words == {'model', 'stream', 'id', 'tune', 'shown'}  # a misspelt word would classify nothing
 
 
 def test_configurator_types():

@@ -179,7 +179,7 @@ def test_a_full_disk_is_a_one_sentence_stop(shakespeare_char_dir, tmp_path, monk
                 f.write(b'\0' * 10**6)
         code, err = call(train.main, run_args(shakespeare_char_dir, out, '--max_iters=4'), capsys)
         assert_one_sentence(code, err, 3, 'could not write')
-        assert not os.path.exists(os.path.join(out, 'stopped.txt'))  # not an outcome: the same command continues it
+        assert not os.path.exists(os.path.join(out, 'diverged.txt'))  # not an outcome: the same command continues it
         if when == 'second checkpoint':
             assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['iter_num'] == 2
         assert not tmp_files(out) if os.path.isdir(out) else True
