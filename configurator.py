@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import torch
 
-from activations import VARIANTS, make_activations
+from activations import VARIANTS, check_variant, make_activations
 from machinery import device
 from machinery.checkpoint import CKPT, loading, model_state
 from machinery.cli import UserError, coerce
@@ -108,11 +108,29 @@ def at_rate(settings, lr):
 
 
 def model_config(settings):
-    """The GPTConfig of a run's settings (a dict with every model key), or the UserError of its first bad value."""
+    """The GPTConfig of a run's settings (a dict with every model key), checked here, where a person's settings arrive
+    (model.py trusts its config): the UserError of its first bad value."""
+    c = GPTConfig(**{k: settings[k] for k in keys_that('model')})
     try:
-        return GPTConfig(**{k: settings[k] for k in keys_that('model')})
+        check_variant(c.ffn)
     except ValueError as e:
-        raise UserError(f"{str(e).rstrip('.')}.") from None
+        raise UserError(f"{e}.") from None
+    if c.norm not in ("rmsnorm", "layernorm") or c.pos not in ("rope", "learned"):
+        raise UserError("--norm must be rmsnorm or layernorm, --pos rope or learned.")
+    if c.n_embd % c.n_head:
+        raise UserError(f"--n_embd={c.n_embd} must be divisible by --n_head={c.n_head}.")
+    if c.pos == "rope" and (c.n_embd // c.n_head) % 2:  # RoPE rotates channel pairs (i, i + head/2)
+        raise UserError(f"RoPE needs an even head size, but n_embd/n_head = {c.n_embd}/{c.n_head} = "
+                        f"{c.n_embd // c.n_head}; change n_embd or n_head, or use --pos=learned.")
+    if not (c.ffn_mult > 0 and 1 <= c.ffn_mult * c.n_embd < 2**63):  # a width is an int64 dimension
+        raise UserError(f"--ffn_mult={c.ffn_mult} must be positive and give an FFN 1 to 2**63 - 1 units wide.")
+    if not 0.0 <= c.dropout < 1.0:
+        raise UserError(f"--dropout={c.dropout} must be in [0, 1).")
+    if c.n_expert < 0 or c.moe_every < 1 or c.expert_hidden < 0:
+        raise UserError("--n_expert and --expert_hidden must be >= 0 and --moe_every >= 1.")
+    if c.n_expert and not 1 <= c.top_k <= c.n_expert:
+        raise UserError(f"--top_k={c.top_k} must be between 1 and --n_expert={c.n_expert}.")
+    return c
 
 
 def dataset_vocab(dataset, data_dir):

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from activations import Activation, VARIANTS, check_variant, glu, make_activations
+from activations import Activation, VARIANTS, glu, make_activations
 from machinery.grouped_matmul import expert_matmul
 
 
@@ -52,24 +52,6 @@ class GPTConfig:
     expert_hidden: int = 0  # 0: the dense width / top_k, so active FFN weights match the dense model
     aux_loss_weight: float = 0.01
     z_loss_weight: float = 0.001
-
-    def __post_init__(self):
-        check_variant(self.ffn)
-        if self.norm not in ("rmsnorm", "layernorm") or self.pos not in ("rope", "learned"):
-            raise ValueError("norm must be rmsnorm or layernorm, pos must be rope or learned")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        if self.pos == "rope" and (self.n_embd // self.n_head) % 2:  # RoPE rotates channel pairs (i, i + head/2)
-            raise ValueError(f"RoPE needs an even head size, but n_embd/n_head = {self.n_embd}/{self.n_head} = "
-                             f"{self.n_embd // self.n_head}; change n_embd or n_head, or use pos=learned")
-        if not (self.ffn_mult > 0 and 1 <= self.ffn_mult * self.n_embd < 2**63):  # a width is an int64 dimension
-            raise ValueError(f"ffn_mult={self.ffn_mult} must be positive and give an FFN 1 to 2**63 - 1 units wide")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
-        if self.n_expert < 0 or self.moe_every < 1 or self.expert_hidden < 0:
-            raise ValueError("n_expert and expert_hidden must be >= 0 and moe_every >= 1")
-        if self.n_expert and not 1 <= self.top_k <= self.n_expert:
-            raise ValueError(f"top_k={self.top_k} must be between 1 and n_expert={self.n_expert}")
 
     @property
     def padded_vocab_size(self):

@@ -246,10 +246,12 @@ def test_gradcheck_expert_matmul_custom_op():
 
 
 @pytest.mark.parametrize("bad", [dict(moe_every=0), dict(expert_hidden=-8), dict(n_expert=-1), dict(top_k=5)])
-def test_impossible_moe_settings_are_a_clear_value_error(bad):
-    """train.py turns a ValueError from GPTConfig into a one-sentence user error; anything else would be a traceback."""
-    with pytest.raises(ValueError):
-        GPTConfig(**{"n_expert": 4, **bad})
+def test_impossible_moe_settings_are_one_sentence(bad):
+    """configurator.model_config, where a person's settings become a model's, refuses them in a sentence."""
+    import configurator
+    from machinery.cli import UserError
+    with pytest.raises(UserError, match=r"^--\w+.*\.$"):
+        configurator.model_config({**configurator.DEFAULTS, "n_expert": 4, **bad})
 
 
 def test_top1_router_learns_from_the_language_model_loss():
