@@ -41,10 +41,10 @@ from configurator import (DEFAULTS, TYPES, check, check_memory, checkpoint_model
 from data.loader import open_loader
 from machinery import checkpoint as ckpt_io, device, wandb_log
 from machinery.cli import UserError, parse_args, run_cli
-from machinery.files import lock_run_dir, remove_dead_temps
+from machinery.files import lock_run_dir
 from machinery.progress import progress_bar
-from machinery.run_log import (LOG, Diverged, append_log, check_finite_losses, check_finite_weights, clear_diverged,
-                               note_diverged, truncate_log)
+from machinery.run_log import (LOG, Diverged, append_log, check_finite_losses, check_finite_weights, note_diverged,
+                               open_for_try)
 from model import GPT
 
 
@@ -158,19 +158,6 @@ def set_up(cfg, checkpoint):
               + (f" ({cfg['compile_mode']}, cache {device.compile_cache_dir()})" if r.compiled else '')
               + (f", resuming at iteration {r.iter_num}" if checkpoint else ''))
     return r
-
-
-def open_for_try(out_dir, saved_iter):
-    """out_dir made ready for a new try of its run (by the process that locked it, once everything the run needs has
-    been checked): the note of an earlier stop and any half-written checkpoint go; a resumed run (saved_iter, its
-    checkpoint's iteration) keeps the log lines up to its checkpoint, a new one starts an empty log and its old
-    checkpoint goes now, so that a resume can never join it to the new log. Returns the log's lines."""
-    clear_diverged(out_dir)
-    remove_dead_temps(out_dir)  # a save killed mid-write
-    lines = truncate_log(os.path.join(out_dir, LOG), -1 if saved_iter is None else saved_iter)
-    if saved_iter is None and os.path.exists(os.path.join(out_dir, ckpt_io.CKPT)):
-        os.remove(os.path.join(out_dir, ckpt_io.CKPT))
-    return lines
 
 
 def restore(ckpt, r):

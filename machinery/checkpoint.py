@@ -6,7 +6,7 @@ each through load_checkpoint.
 A checkpoint holds tensors and plain Python values only, so torch.load(weights_only=True) reads it without running code.
 What train.py wrote is trusted, but caught: its contents are used only inside `loading`, where each state's owner checks
 it as it loads (load_state_dict(strict=True), the RNG setters, the data loader's load_state_dict) and any failure
-becomes one sentence naming the file. Nothing on disk changes before a resume has loaded everything (train.py's
+becomes one sentence naming the file. Nothing on disk changes before a resume has loaded everything (run_log.py's
 open_for_try).
 """
 import os

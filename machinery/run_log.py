@@ -3,7 +3,7 @@ A run's log, log.jsonl: one JSON record per logged iteration, as train.py writes
 appended a line at a time, so that every finished line is readable while the run goes on. Its one reader,
 read_log_lines, trusts what train.py wrote: a line that is not a record (torn by a kill, damaged by hand or by a disk)
 is set aside, never a reason to drop the others, and a report reads a missing field as missing. Beside it, diverged.txt:
-why a run diverged: its outcome at its settings.
+why a run diverged: its outcome at its settings. open_for_try makes a run's directory ready for a new try.
 """
 import json
 import math
@@ -14,7 +14,8 @@ from contextlib import suppress
 import torch
 
 from machinery.cli import RunStopped
-from machinery.files import append_lines, write_text
+from machinery.checkpoint import CKPT
+from machinery.files import append_lines, remove_dead_temps, write_text
 
 LOG = 'log.jsonl'
 DIVERGED = 'diverged.txt'  # why the run diverged (train.py), its outcome at these settings; a new try removes it
@@ -75,6 +76,20 @@ def clear_diverged(out_dir):
     """A new try of a run: the note that an earlier one diverged goes, so that afterwards it says how this one did."""
     with suppress(FileNotFoundError):
         os.remove(os.path.join(out_dir, DIVERGED))
+
+
+def open_for_try(out_dir, saved_iter):
+    """out_dir made ready for a new try of its run (by the process that locked it, once everything the run needs has
+    been checked): the note of an earlier divergence and any half-written file go; a resumed run (saved_iter, its
+    checkpoint's iteration) keeps the log lines up to its checkpoint, a new one starts an empty log and its old
+    checkpoint goes now, so that a resume can never join it to the new log. Returns the log's lines."""
+    clear_diverged(out_dir)
+    remove_dead_temps(out_dir)  # a save killed mid-write
+    lines = truncate_log(os.path.join(out_dir, LOG), -1 if saved_iter is None else saved_iter)
+    with suppress(FileNotFoundError):
+        if saved_iter is None:
+            os.remove(os.path.join(out_dir, CKPT))
+    return lines
 
 
 # ----------------------------------------------------------------------------------------------------------------------
