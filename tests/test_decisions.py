@@ -14,7 +14,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import compare  # noqa: E402
 import configurator  # noqa: E402
-from machinery import checkpoint, placement, report, runs, stats  # noqa: E402
+import train  # noqa: E402
+from comparison import placement, report, runs, stats  # noqa: E402
 from machinery.cli import UserError  # noqa: E402
 
 
@@ -475,12 +476,12 @@ def resumed(world_size, rank, saved_world, n_states, monkeypatch, capsys):
             'train_time': 1.0, 'world_size': saved_world, 'loader': [f'loader{i}' for i in range(n_states)],
             'rng': [f'rng{i}' for i in range(n_states)]}
     rngs = []
-    monkeypatch.setattr(checkpoint, 'set_rng_state', lambda state, device_type: rngs.append(state))
+    monkeypatch.setattr(train.ckpt_io, 'set_rng_state', lambda state, device_type: rngs.append(state))
     r = types.SimpleNamespace(optimizer=torch.optim.AdamW([torch.nn.Parameter(torch.ones(3))]), scaler=None,
                               loader=Loader(), hw=types.SimpleNamespace(world_size=world_size, rank=rank,
                                                                         device_type='cpu'),
                               master=rank == 0, ckpt_path='run/ckpt.pt')
-    checkpoint.restore(ckpt, r)
+    train.restore(ckpt, r)
     assert (r.iter_num, r.tokens, r.saved_iter) == (4, 64, 4)
     return r.loader.loaded, rngs, capsys.readouterr().out
 
