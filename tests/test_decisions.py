@@ -86,6 +86,13 @@ def test_a_rate_with_a_diverged_seed_is_never_chosen_unless_every_rate_failed(fa
     assert choice['mean'] == dict.fromkeys(map(repr, (2e-3, 4e-3, 8e-3)))
 
 
+def test_two_seeds_give_a_standard_error_and_two_rates_an_edge():
+    choice = stats.choose_rate({2e-3: seeds_of(2.05, 0.1, n=2), 4e-3: seeds_of(2.0, 0.1, n=2)})
+    assert choice['se'][repr(4e-3)] == pytest.approx(0.1) and (choice['best'], choice['edge']) == (2e-3, 'low')
+    choice = stats.choose_rate({2e-3: seeds_of(2.2, 0.1, n=2), 4e-3: seeds_of(2.0, 0.1, n=2)})
+    assert (choice['best'], choice['edge']) == (4e-3, 'high')
+
+
 def test_the_choice_alone_at_finite_means_has_no_margin():
     """Nothing else finished: no next best to measure the margin against."""
     choice = stats.choose_rate({2e-3: [None, 1.0], 4e-3: seeds_of(2.0, 0.1)})
@@ -301,7 +308,8 @@ def curves(monkeypatch, tmp_path):
     monkeypatch.setattr(compare.report, 'summarize', summarize)
     monkeypatch.setattr(compare.report, 'table', lambda summary: 'THE TABLE')
     monkeypatch.setattr(compare.plots, 'loss', lambda path, *a: record.pictures.append(path))
-    pbar = types.SimpleNamespace(write=lambda line, file=None: record.lines.append(line))
+    pbar = types.SimpleNamespace(write=lambda line, file=None: record.lines.append(line if file is sys.stderr else
+                                                                                  ('not on stderr', line)))
     cfg = {**compare.DEFAULTS, 'out_dir': str(tmp_path), 'learning_rate': 2e-3}
     comp = {'variants': ['gelu', 'relu2'], 'baseline': 'relu2', 'grid': [], 'rates': {'gelu': None, 'relu2': None}}
 
@@ -323,6 +331,7 @@ def test_the_curves_are_drawn_at_the_first_finished_run_then_at_most_every_EVERY
     c.draw([run('gelu')])  # the first finished run: drawn at once
     assert record.pictures == [os.path.join(str(tmp_path), 'loss.png')]
     assert record.heads[0][0]['baseline'] == 'gelu' and record.heads[0][0]['rates'] == {'gelu': 2e-3}
+    assert record.heads[0][0]['dataset'] == compare.DEFAULTS['dataset'] and record.heads[0][0]['settings'] == {}
     assert 'THE TABLE' in record.lines[0] and '1 finished run(s)' in record.lines[0]
     assert record.scored == [report.WHOLE]
     clock[0] += compare.Curves.EVERY - 0.001
