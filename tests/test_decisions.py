@@ -296,21 +296,23 @@ def test_plan_rounds_count_the_grid_the_extension_steps_and_the_verdict():
 @pytest.fixture
 def curves(monkeypatch, tmp_path):
     """A Curves on a clock of our own, drawing into a record: (make(comp, one_rate), clock, record)."""
-    clock, record = [1000.0], types.SimpleNamespace(heads=[], pictures=[], lines=[], scored=[])
+    clock, record = [1000.0], types.SimpleNamespace(heads=[], pictures=[], drawn=[], lines=[], scored=[])
 
     def summarize(head, done, shapes, loss_of):
+        assert shapes == ('shapes', [(r.variant, r.lr) for r in done], head['variants'])
         record.heads.append((head, [(r.variant, r.lr) for r in done]))
         record.scored.append(loss_of)
         return 'summary', 'by_variant'
 
+    cfg = {**compare.DEFAULTS, 'out_dir': str(tmp_path), 'learning_rate': 2e-3, 'smooth': 0.5}
     monkeypatch.setattr(compare, 'time', types.SimpleNamespace(time=lambda: clock[0]))
-    monkeypatch.setattr(compare, 'shapes_of', lambda cfg, done, variants: {})
+    monkeypatch.setattr(compare, 'shapes_of', lambda c, done, variants: c is cfg and (
+        'shapes', [(r.variant, r.lr) for r in done], variants))
     monkeypatch.setattr(compare.report, 'summarize', summarize)
-    monkeypatch.setattr(compare.report, 'table', lambda summary: 'THE TABLE')
-    monkeypatch.setattr(compare.plots, 'loss', lambda path, *a: record.pictures.append(path))
+    monkeypatch.setattr(compare.report, 'table', lambda summary: f'THE TABLE of {summary}')
+    monkeypatch.setattr(compare.plots, 'loss', lambda *a: record.pictures.append(a[0]) or record.drawn.append(a))
     pbar = types.SimpleNamespace(write=lambda line, file=None: record.lines.append(line if file is sys.stderr else
                                                                                   ('not on stderr', line)))
-    cfg = {**compare.DEFAULTS, 'out_dir': str(tmp_path), 'learning_rate': 2e-3}
     comp = {'variants': ['gelu', 'relu2'], 'baseline': 'relu2', 'grid': [], 'rates': {'gelu': None, 'relu2': None}}
 
     def make(reused=(), one_rate=False, **changes):
@@ -332,7 +334,8 @@ def test_the_curves_are_drawn_at_the_first_finished_run_then_at_most_every_EVERY
     assert record.pictures == [os.path.join(str(tmp_path), 'loss.png')]
     assert record.heads[0][0]['baseline'] == 'gelu' and record.heads[0][0]['rates'] == {'gelu': 2e-3}
     assert record.heads[0][0]['dataset'] == compare.DEFAULTS['dataset'] and record.heads[0][0]['settings'] == {}
-    assert 'THE TABLE' in record.lines[0] and '1 finished run(s)' in record.lines[0]
+    assert record.drawn == [(os.path.join(str(tmp_path), 'loss.png'), 'summary', 'by_variant', 0.5)]
+    assert 'THE TABLE of summary' in record.lines[0] and '1 finished run(s)' in record.lines[0]
     assert record.scored == [report.WHOLE]
     clock[0] += compare.Curves.EVERY - 0.001
     c.draw([run('gelu'), run('relu2')])
