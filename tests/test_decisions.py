@@ -102,12 +102,14 @@ def test_the_choice_alone_at_finite_means_has_no_margin():
 # ----------------------------------------------------------------------------------------------------------------------
 # what a run is (identity), and the settings its tuned rate holds for (tuning_key, tuned_at)
 
-# where a run lives, how it starts, its threads, compile and MFU's peak, and its experiment tracking: not what it is
+# the settings table's classification, pinned where a slip would go unseen: where a run lives, how it starts, its
+# threads, compile and MFU's peak, and its experiment tracking are not what it is; a tuned rate holds whatever the
+# variant, seed and rate (min_lr as its ratio) and how a run is evaluated; what sets the global batch is tuned at
 NOT_IDENTIFYING = {'out_dir', 'data_dir', 'init_from', 'overwrite', 'compile', 'compile_mode', 'peak_flops', 'threads'}
-# what a tuned rate holds for whatever they are: the variant and seed, and where and how a run is evaluated
-NOT_TUNED = NOT_IDENTIFYING | {'ffn', 'seed', 'device', 'eval_interval', 'eval_iters', 'log_interval',
-                               'always_save_checkpoint'}
-GLOBAL_BATCH = ('gradient_accumulation_steps', 'batch_size', 'block_size', 'nproc_per_run')
+NOT_TUNED = {'ffn', 'seed', 'learning_rate', 'min_lr', 'device', 'eval_interval', 'eval_iters', 'log_interval',
+             'always_save_checkpoint'}
+GLOBAL_BATCH = ('gradient_accumulation_steps', 'batch_size', 'block_size')  # and nproc_per_run, compare.py's
+IDENTIFYING, TUNED = configurator.keys_that('id'), configurator.keys_that('tune')
 
 
 def another(value):
@@ -119,41 +121,37 @@ def another(value):
     return value + 'x'
 
 
-def test_the_settings_that_change_the_global_batch_are_tuned_at():
-    assert not set(GLOBAL_BATCH) & NOT_TUNED
+def test_the_table_classifies_what_a_run_is_and_what_its_rate_is_tuned_at():
+    assert set(configurator.DEFAULTS) - set(IDENTIFYING) == NOT_IDENTIFYING | {
+        k for k in configurator.DEFAULTS if k.startswith('wandb_')}
+    assert set(IDENTIFYING) - set(TUNED) == NOT_TUNED and set(TUNED) <= set(IDENTIFYING)
+    assert set(GLOBAL_BATCH) <= set(TUNED)
 
 
 @pytest.mark.parametrize('key', list(configurator.DEFAULTS))
 def test_what_a_run_is_holds_every_setting_that_makes_it(key):
     cfg = dict(compare.DEFAULTS)
-    identifies = key not in NOT_IDENTIFYING and not key.startswith('wandb_')
-    assert runs.identifies(key) == identifies
     changed = runs.identity({**cfg, key: another(cfg[key])}, 1) != runs.identity(cfg, 1)
-    assert changed == identifies
+    assert changed == (key in IDENTIFYING)
 
 
 def test_what_a_run_is_holds_its_processes_and_train_pys_defaults():
-    assert runs.identity({}, 2) == {**{k: v for k, v in configurator.DEFAULTS.items() if runs.identifies(k)},
-                                    'processes': 2}
+    assert runs.identity({}, 2) == {**{k: configurator.DEFAULTS[k] for k in IDENTIFYING}, 'processes': 2}
     assert runs.identity({}, 2) != runs.identity({}, 1)
 
 
 @pytest.mark.parametrize('key', list(compare.DEFAULTS))
 def test_the_fingerprint_of_tuned_rates_changes_with_every_setting_they_were_tuned_at(key):
-    """Each setting a tuned rate depends on changes the fingerprint (the global batch among them); the variant, seed,
-    where and how a run is evaluated, and compare.py's own keys but nproc_per_run, do not. learning_rate moved with
-    min_lr at its ratio (at_rate) leaves it; min_lr alone changes that ratio, which a schedule is tuned at."""
+    """Each setting a tuned rate depends on changes the fingerprint (the global batch among them, nproc_per_run too);
+    the variant, seed, where and how a run is evaluated, and compare.py's other keys do not. learning_rate moved with
+    min_lr at its ratio (at_rate) leaves it; either alone changes that ratio, which a schedule is tuned at."""
     cfg = dict(compare.DEFAULTS)
     here = runs.tuning_key(cfg)
     assert len(here) == 12 and int(here, 16) >= 0
     if key == 'learning_rate':
         assert runs.tuning_key({**cfg, **configurator.at_rate(cfg, 3 * cfg[key])}) == here
-        changed, tuned = runs.tuning_key({**cfg, key: 3 * cfg[key]}) != here, True
-    else:
-        changed = runs.tuning_key({**cfg, key: another(cfg[key])}) != here
-        tuned = key == 'nproc_per_run' or key in configurator.DEFAULTS and key not in NOT_TUNED and not key.startswith(
-            'wandb_')
-    assert changed == tuned
+    changed = runs.tuning_key({**cfg, key: another(cfg[key])}) != here
+    assert changed == (key in TUNED or key in ('nproc_per_run', 'learning_rate', 'min_lr'))
 
 
 def test_the_shipped_tuned_at_is_the_default_comparisons_fingerprint():
@@ -270,9 +268,9 @@ def test_a_rate_no_run_can_take_is_refused_in_one_sentence(argv, words):
 
 
 def test_the_edges_a_run_can_take_are_accepted():
-    assert configurator.variant_rates('gelu@1e-300,relu2, swiglu@8e-3', 'variants') == {
+    assert runs.variant_rates('gelu@1e-300,relu2, swiglu@8e-3', 'variants') == {
         'gelu': 1e-300, 'relu2': None, 'swiglu': 8e-3}
-    assert configurator.variant_rates('', 'tuned_lrs') == {}
+    assert runs.variant_rates('', 'tuned_lrs') == {}
     assert compare.learning_rates({**compare.DEFAULTS, 'lr_grid': compare.MAX_GRID, 'learning_rate': 1.0}) == [
         2.0 ** j for j in range(-compare.MAX_GRID, compare.MAX_GRID + 1)]
     assert compare.learning_rates({**compare.DEFAULTS, 'lrs': '4e-3, 6e-4,6e-4', 'learning_rate': 6e-4}) == [6e-4, 4e-3]
@@ -445,14 +443,14 @@ def test_ddp_runs_get_disjoint_groups_of_their_processes_gpus(fake_gpu, cores, m
         step = SMALL_STEP if nproc > 1 else placement.SHARE_BELOW_FLOPS
         gpus, jobs, threads, _ = placement.resolve_jobs(cfg, 99, step, 1)
         assert (gpus, jobs, threads) == (names, n_gpus // nproc, 0)
-        slots = placement.placement(2 * jobs, gpus, nproc)
+        slots = placement.slots(2 * jobs, gpus, nproc)
         assert all(len(g) == len(set(g)) == nproc for g in slots)  # one GPU per process
         round_one = [g for s in slots[:jobs] for g in s]
         assert len(round_one) == len(set(round_one)) == jobs * nproc  # no GPU given twice at once
         assert slots[jobs:] == slots[:jobs]  # dealt round robin
         assert [placement.gpu_env(g)['CUDA_VISIBLE_DEVICES'] for g in slots[:jobs]] == [
             ','.join(names[i * nproc:(i + 1) * nproc]) for i in range(jobs)]
-    assert placement.placement(3, [], 2) == [None] * 3
+    assert placement.slots(3, [], 2) == [None] * 3
 
 
 def test_a_named_gpu_and_a_cpu_place_nothing(fake_gpu, cores):
