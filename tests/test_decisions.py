@@ -441,8 +441,9 @@ def test_ddp_runs_get_disjoint_groups_of_their_processes_gpus(fake_gpu, cores, m
             continue
         # a DDP run's GPUs are its own even when its step is small; one-process runs of a large step, a GPU each
         step = SMALL_STEP if nproc > 1 else placement.SHARE_BELOW_FLOPS
-        gpus, jobs, threads, _ = placement.resolve_jobs(cfg, 99, step, 1)
+        gpus, jobs, threads, why = placement.resolve_jobs(cfg, 99, step, 1)
         assert (gpus, jobs, threads) == (names, n_gpus // nproc, 0)
+        assert why == f"{n_gpus // nproc} at a time on GPU{'s' * (n_gpus > 1)} {','.join(names)}"
         slots = placement.slots(2 * jobs, gpus, nproc)
         assert all(len(g) == len(set(g)) == nproc for g in slots)  # one GPU per process
         round_one = [g for s in slots[:jobs] for g in s]
