@@ -179,6 +179,9 @@ def restore(ckpt, r):
             r.scaler.load_state_dict(ckpt['scaler'])
         r.iter_num, r.best_val_loss, r.tokens, r.train_time = (ckpt[k] for k in ('iter_num', 'best_val_loss',
                                                                                  'tokens', 'train_time'))
+        if not len(ckpt['loader']) == len(ckpt['rng']) == ckpt['world_size']:  # refused by every process, rank 0 too
+            raise ValueError(f"it holds {len(ckpt['loader'])} data streams and {len(ckpt['rng'])} RNG states for "
+                             f"{ckpt['world_size']} process(es)")
         same = ckpt['world_size'] == r.hw.world_size
         r.loader.load_state_dict(ckpt['loader'][r.hw.rank if same else 0], r.tokens)
         if same:
