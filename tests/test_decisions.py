@@ -1,7 +1,7 @@
-"""The decisions a comparison makes, each asserted on its own, fast (no training): which rate the one-standard-error rule
-picks, what the fingerprint behind tuned_at holds, the learning rate and min_lr every planned run gets, which rates are
-refused, how many rounds --plan lists, when the live loss.png is redrawn, how runs are placed on 1 to 8 (fake) GPUs,
-and which process state a resume loads. Each would fail if a developer broke that decision."""
+"""The decisions a comparison makes, each asserted on its own, fast (no training): which rate the one-standard-error
+rule picks, what the fingerprint behind tuned_at holds, the learning rate and min_lr every planned run gets, which
+rates are refused, how many rounds --plan lists, when the live loss.png is redrawn, how runs are placed on 1 to 8
+(fake) GPUs, and which process state a resume loads. Each would fail if a developer broke that decision."""
 import math
 import os
 import sys
