@@ -92,6 +92,18 @@ def test_exact_resume(shakespeare_char_dir, tmp_path):
         assert torch.equal(v, cb['model'][k]), k
 
 
+def test_a_float16_resume_continues_the_loss_scaler(shakespeare_char_dir, tmp_path):
+    """float16 scales the loss (torch.amp.GradScaler; CPU autocast runs float16 too): a resumed run continues the
+    saved scaler, its scale and its count of steps since the last change, as one run of the same length has them."""
+    data, a, b = shakespeare_char_dir, str(tmp_path / 'a'), str(tmp_path / 'b')
+    common = ['--dtype=float16', '--eval_interval=2']
+    train_here(data, a, *common, '--max_iters=4')
+    train_here(data, b, *common, '--max_iters=2')
+    train_py.main([f'--out_dir={b}', '--init_from=resume', '--max_iters=4'])
+    sa, sb = (torch.load(os.path.join(d, 'ckpt.pt'), weights_only=True)['scaler'] for d in (a, b))
+    assert sa['_growth_tracker'] == 4 and sa == sb
+
+
 def in_process(main, argv, capsys):
     """Run a CLI's main through cli.run_cli in this process (no torch import per run): (exit code, stderr)."""
     with pytest.raises(SystemExit) as e:
