@@ -161,10 +161,10 @@ def set_up(cfg, checkpoint):
 
 
 def restore(ckpt, r):
-    """A resume of the run r from its checkpoint (save_checkpoint wrote it): the optimizer's moments (its settings, weight_decay and betas
-    and the device's fused kernel, are this run's), the loss scaler, the counters, and this process's data stream and
-    RNG, exactly when the run has as many processes as the one that saved it (else the stream continues, re-split,
-    and dropout's RNG does not). Each is checked by its owner as it loads."""
+    """A resume of the run r from its checkpoint (save_checkpoint wrote it): the optimizer's moments (its settings,
+    weight_decay and betas and the device's fused kernel, are this run's), the loss scaler, the counters, and this
+    process's data stream and RNG, exactly when the run has as many processes as the one that saved it (else the
+    stream continues, re-split, and dropout's RNG does not). Each is checked by its owner as it loads."""
     with ckpt_io.loading(r.ckpt_path):
         saved = ckpt['optimizer']
         built = [{k: v for k, v in g.items() if k != 'params'} for g in r.optimizer.param_groups]
