@@ -339,6 +339,7 @@ def train(r):
             r.wandb_run.finish()
         if r.lock is not None:
             r.lock.close()
+        r.model = None  # under DDP its reducer must be freed before its process group is destroyed (teardown)
         device.teardown(r.hw, failed)
 
 

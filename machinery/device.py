@@ -2,6 +2,7 @@
 The hardware choices of a run, in one place: its set-up (device, precision, DDP under torchrun, TF32), torch.compile
 (regional, with its on-disk cache), and the accelerator's peak FLOP/s for MFU.
 """
+import gc
 import os
 import platform
 import sys
@@ -157,6 +158,7 @@ def teardown(hw, failed):
             dist.barrier()
         except Exception:  # a peer already gone (it failed; torchrun stops this run anyway)
             pass
+    gc.collect()  # DDP's reducer sits in reference cycles: freed after its group is gone, gloo can abort the exit
     dist.destroy_process_group()
 
 

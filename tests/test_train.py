@@ -17,7 +17,7 @@ sys.path.insert(0, ROOT)
 
 import configurator  # noqa: E402
 import train as train_py  # noqa: E402
-from machinery import cli  # noqa: E402
+from machinery import cli, device  # noqa: E402
 from machinery.cli import UserError, parse_args  # noqa: E402
 from nan_train import nan_step  # noqa: E402
 
@@ -361,7 +361,6 @@ def test_device_names_are_checked(fake_gpu):
 def test_train_and_bench_set_up_the_hardware_only_through_device_setup(shakespeare_char_dir, tmp_path, monkeypatch):
     """device.setup is the one hardware set-up: train.py calls it, and neither train.py nor bench.py (whose call
     tests/test_bench.py checks) resolves a device or dtype, joins a process group or sets TF32 itself."""
-    from machinery import device
     calls, setup = [], device.setup
     monkeypatch.setattr(device, 'setup', lambda *a: calls.append(a) or setup(*a))
     train_here(shakespeare_char_dir, str(tmp_path / 'run'), '--max_iters=0')
@@ -468,6 +467,25 @@ def test_ddp_does_not_broadcast_buffers_nothing_changes(shakespeare_char_dir, tm
     assert wrapped[0].broadcast_buffers is False
     assert [name for name, _ in wrapped[0].module.named_buffers()] == ['transformer.h.0.attn.cos',
                                                                         'transformer.h.0.attn.sin']
+
+
+def test_ddp_is_freed_before_its_process_group_is_destroyed(shakespeare_char_dir, tmp_path, monkeypatch):
+    """DDP's reducer, freed after its gloo group is gone, aborts the process at exit now and then ('terminate called
+    without an active exception', about one exit in four on a loaded 2-core machine): torchrun then fails a finished
+    run. train.py frees it first."""
+    import socket
+    import weakref
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    for key, value in dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, MASTER_ADDR='127.0.0.1', MASTER_PORT=port).items():
+        monkeypatch.setenv(key, str(value))
+    wrapped, alive_at_destroy, DDP, destroy = [], [], train_py.DDP, device.dist.destroy_process_group
+    monkeypatch.setattr(train_py, 'DDP', lambda model, **kw: (m := DDP(model, **kw), wrapped.append(weakref.ref(m)))[0])
+    monkeypatch.setattr(device.dist, 'destroy_process_group',
+                        lambda: (alive_at_destroy.append(wrapped[0]() is not None), destroy())[1])
+    train_here(shakespeare_char_dir, str(tmp_path / 'run'), '--max_iters=1', '--eval_interval=1')
+    assert alive_at_destroy == [False]
 
 
 def test_a_bundled_dataset_is_prepared_on_demand(tmp_path, capsys):
