@@ -4,6 +4,7 @@
     x, y = loader.next_batch()          # (B, T) int64 CPU tensors, y is x shifted by one token
     evals = loader.val_batches(20)      # the same 20 batches for every run on this dataset
 """
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -45,12 +46,25 @@ def open_loader(dataset, block_size, batch_size, seed, data_dir="data", rank=0, 
         if dataset not in BUNDLED or not prepare:
             raise
     out = os.path.join(data_dir, dataset)
-    if shard_paths(out, "train") + shard_paths(out, "val"):  # without meta.json: not shards a preparation finished
-        raise UserError(f"{out} holds shards but no meta.json, so they are not a dataset prepared there and preparing "
-                        f"{dataset} would replace them; move them away, or point --data_dir at another folder.")
-    print(f"preparing the bundled dataset {dataset} into {out} (once, seconds)", file=sys.stderr)
-    p = subprocess.run([sys.executable, os.path.join(DATA_DIR, dataset, "prepare.py"), f"--out_dir={out}"],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        os.makedirs(data_dir, exist_ok=True)
+        lock = open(os.path.join(data_dir, f".{dataset}.lock"), "a")
+    except OSError as e:
+        raise UserError(f"could not prepare {dataset} into {out} ({e.strerror or e}); point --data_dir at a folder you "
+                        f"can write to.") from None
+    with lock:  # two commands started at once: one prepares, the other waits for it, then reads what it prepared
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return DataLoader(dataset, block_size, batch_size, seed, rank, world_size, data_dir)
+        except DatasetNotPrepared:
+            pass
+        if shard_paths(out, "train") + shard_paths(out, "val"):  # without meta.json: not shards a preparation finished
+            raise UserError(f"{out} holds shards but no meta.json, so they are not a dataset prepared there and "
+                            f"preparing {dataset} would replace them; move them away, or point --data_dir at another "
+                            f"folder.")
+        print(f"preparing the bundled dataset {dataset} into {out} (once, seconds)", file=sys.stderr)
+        p = subprocess.run([sys.executable, os.path.join(DATA_DIR, dataset, "prepare.py"), f"--out_dir={out}"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         why = (p.stderr.strip().splitlines() or ["no reason given"])[-1]
         raise UserError(f"could not prepare {dataset} into {out} ({why}); point --data_dir at a folder you can write "

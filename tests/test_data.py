@@ -682,3 +682,21 @@ def test_a_failed_openwebtext_shard_write_keeps_the_finished_subsets(owt, tmp_pa
     with pytest.raises(RunStopped, match="partial_train_s01_000.bin \\(No space left on device\\)"):
         owt.prepare(out_dir=str(out), **OWT_ARGS)
     assert all_files(out) == before
+
+
+def test_a_command_that_waited_for_another_ones_preparation_reads_it(tmp_path, monkeypatch):
+    """Two commands started at once on a fresh clone: one prepares the bundled corpus while the other waits for the
+    folder's lock, then reads what was prepared instead of preparing it again over the first one's files (two at once
+    used to leave shards without meta.json, or meta.json without the val shards)."""
+    from data import loader
+    prepare = load_script("data/shakespeare_char/prepare.py").prepare
+    flock = loader.fcntl.flock
+
+    def another_prepares_meanwhile(f, op):
+        if op == loader.fcntl.LOCK_EX:
+            prepare(str(tmp_path / "shakespeare_char"))
+        flock(f, op)
+    monkeypatch.setattr(loader.fcntl, "flock", another_prepares_meanwhile)
+    monkeypatch.setattr(loader.subprocess, "run", lambda *a, **kw: pytest.fail("prepared a second time"))
+    got = loader.open_loader("shakespeare_char", 8, 2, 1337, data_dir=str(tmp_path))
+    assert got.vocab_size == 84
