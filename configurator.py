@@ -12,7 +12,7 @@ import torch
 
 from activations import VARIANTS, check_variant, make_activations
 from machinery import device
-from machinery.checkpoint import CKPT, loading, model_state
+from machinery.checkpoint import CKPT, loading
 from machinery.cli import UserError, coerce
 from machinery.files import read_json
 from model import GPT, GPTConfig
@@ -286,19 +286,3 @@ def model_args(cfg, meta, ckpt):
         raise UserError(f"--vocab_size={cfg['vocab_size']} is smaller than the dataset's {meta['vocab_size']} tokens; "
                         f"leave it at 0 to take the dataset's.")
     return {**{k: cfg[k] for k in keys_that('model')}, 'vocab_size': cfg['vocab_size'] or meta['vocab_size']}
-
-
-def checkpoint_model(ckpt, path):
-    """The GPT a checkpoint describes (its model_args), holding its weights: load_state_dict(strict=True) checks that
-    they fit it, and a checkpoint only ever holds finite weights."""
-    with loading(path):
-        config, weights = damage_if_refused(lambda: model_config(ckpt['model_args'])), model_state(ckpt['model'])
-        if sum(v.numel() for v in weights.values()) < min_params(config):  # refused before building a model that big
-            raise ValueError(f"its weights hold fewer values than the {min_params(config):,} parameters of the model "
-                             f"its model_args describe")
-        model = GPT(config)
-        model.load_state_dict(weights)
-    if not all(bool(p.isfinite().all()) for p in model.parameters()):
-        raise UserError(f"the checkpoint {path} (iteration {ckpt['iter_num']}) holds non-finite weights, so it cannot "
-                        f"be used; train the run again with a lower learning_rate.")
-    return model

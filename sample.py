@@ -15,11 +15,11 @@ import sys
 
 import torch
 
-from configurator import checkpoint_model
 from data.tokenizer import get_tokenizer
 from machinery import device
-from machinery.checkpoint import CKPT, load_checkpoint, loading
+from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint, loading
 from machinery.cli import UserError, parse_args, read_text, run_cli
+from model import GPT, GPTConfig
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory holding ckpt.pt
@@ -59,7 +59,7 @@ def main(argv):
     threads = device.set_threads(cfg['threads'])
     torch.manual_seed(cfg['seed'])
 
-    model = checkpoint_model(checkpoint, ckpt_path).eval().to(where)
+    model = checkpoint_model(checkpoint, ckpt_path, lambda args: GPT(GPTConfig(**args))).eval().to(where)
 
     with loading(ckpt_path):
         tok, iter_num = get_tokenizer(checkpoint['meta']), checkpoint['iter_num']

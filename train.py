@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import (DEFAULTS, TYPES, check, check_memory, checkpoint_model, model_args, model_config,
+from configurator import (DEFAULTS, TYPES, check, check_memory, model_args, model_config,
                           resumed_settings)
 from data.loader import open_loader
 from machinery import checkpoint as ckpt_io, device, wandb_log
@@ -45,7 +45,7 @@ from machinery.files import lock_run_dir
 from machinery.progress import progress_bar
 from machinery.run_log import (LOG, Diverged, append_log, check_finite_losses, check_finite_weights, note_diverged,
                                open_for_try)
-from model import GPT
+from model import GPT, GPTConfig
 
 
 def settings(argv):
@@ -127,8 +127,8 @@ def set_up(cfg, checkpoint):
     r.model_args = model_args(cfg, r.loader.meta, checkpoint)
     if hw.device_type == 'cuda':  # settings() checked the GPU's total memory; now what others left free
         check_memory(cfg, model_config(r.model_args), where=hw.device)
-    r.raw_model = (checkpoint_model(checkpoint, r.ckpt_path) if checkpoint else
-                   GPT(model_config(r.model_args))).to(hw.device)
+    r.raw_model = (ckpt_io.checkpoint_model(checkpoint, r.ckpt_path, lambda args: GPT(GPTConfig(**args)))
+                   if checkpoint else GPT(model_config(r.model_args))).to(hw.device)
     r.optimizer = r.raw_model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
                                                    (cfg['beta1'], cfg['beta2']), hw.device_type)
     r.scaler = torch.amp.GradScaler(hw.device_type, enabled=hw.dtype == 'float16')  # float16 needs loss scaling

@@ -15,13 +15,12 @@ import numpy as np
 import torch
 
 from activations import make_activations
-from configurator import checkpoint_model
-from machinery.checkpoint import CKPT, load_checkpoint, loading
+from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint, loading
 from machinery.cli import UserError
 from comparison.plots import figure, palette
 from machinery.files import save_figure, write_json
 from machinery.run_log import LOG, read_log_lines
-from model import MoE
+from model import GPT, GPTConfig, MoE
 
 RANGE = (0.5, 99.5)  # percentiles of h that set the drawn range
 BAND = (10, 50, 90)  # percentiles over tokens: band low, median, band high
@@ -116,7 +115,8 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
     if ckpt is None:
         ckpt = load_checkpoint(out_dir, "a run writes it at its first evaluation: wait for that, or use another "
                                         "--out_dir.")
-    model = checkpoint_model(ckpt, path := os.path.join(out_dir, CKPT)).to(device).eval()
+    path = os.path.join(out_dir, CKPT)
+    model = checkpoint_model(ckpt, path, lambda args: GPT(GPTConfig(**args))).to(device).eval()
     with loading(path):  # its data stream's settings; a UserError (the data moved) passes as it is
         cfg, iter_num = ckpt['config'], ckpt['iter_num']
         idx = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],

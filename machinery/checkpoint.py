@@ -84,3 +84,22 @@ def model_state(state_dict):
             k = k.replace('.' + prefix, '.')
         out[k] = v
     return out
+
+
+def checkpoint_model(ckpt, path, build):
+    """The model a checkpoint holds: build(model_args) makes it (the caller's GPT), then load_state_dict(strict=True)
+    checks that the weights fit. It is built on the meta device first, taking no memory, so that model_args describing
+    a model larger than its weights are refused before that memory is taken. A checkpoint only ever holds finite
+    weights."""
+    with loading(path):
+        weights = model_state(ckpt['model'])
+        with torch.device('meta'):
+            size = sum(p.numel() for p in build(ckpt['model_args']).parameters())
+        if size > sum(v.numel() for v in weights.values()):
+            raise ValueError(f"its model_args describe a model of {size:,} parameters, more than its weights hold")
+        model = build(ckpt['model_args'])
+        model.load_state_dict(weights)
+    if not all(bool(p.isfinite().all()) for p in model.parameters()):
+        raise UserError(f"the checkpoint {path} (iteration {ckpt['iter_num']}) holds non-finite weights, so it cannot "
+                        f"be used; train the run again with a lower learning_rate.")
+    return model
