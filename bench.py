@@ -31,7 +31,7 @@ import configurator
 from activations import VARIANTS, baseline_of
 from comparison.runs import check_variants
 from configurator import check, model_config
-from machinery import device
+from machinery import device, speed
 from machinery.cli import UserError, parse_args, run_cli
 from machinery.files import check_writable, write_json
 from model import GPT
@@ -52,7 +52,7 @@ BENCH_DEFAULTS = dict(
     seed=1337,
     compile_mode="regional",  # regional (every Block) | whole (the GPT): what --compile=True compiles
     threads=0,  # CPU threads for torch (0: torch's default); 1 keeps OpenMP threads from waiting on each other
-    peak_flops=0.0,  # FLOP/s for MFU; 0 = from the GPU's name (device.PEAK_FLOPS), else no MFU
+    peak_flops=0.0,  # FLOP/s for MFU; 0 = from the GPU's name (speed.PEAK_FLOPS), else no MFU
 )
 # the model keys: GPTConfig's but ffn, at a shape where the FFN's cost shows on a CPU: the char-level GPT of
 # config/shakespeare_char.py widened to d=256, T=256 (vocab 84 is the bundled corpus's alphabet; padded to 128)
@@ -121,7 +121,7 @@ class Bench:
         device_type = dev.split(":")[0]
         self.opt = self.model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type) if cfg["optimizer"] else None
         # compile_model's dynamic=False: gated variants are narrower, and symbolic sizes would make slower kernels
-        self.forward = device.compile_model(self.model, cfg["compile_mode"]) if compiled else self.model
+        self.forward = speed.compile_model(self.model, cfg["compile_mode"]) if compiled else self.model
         self.ctx = device.autocast(device_type, dtype)
         self.times, self.saved, self.peak = [], None, None  # saved, peak: measured by warm_up
 
@@ -187,7 +187,7 @@ def run_mode(variants, compiled, cfg, dev, dtype):
         for b in benches[k:] + benches[:k]:
             b.times.append(b.timed_step(x, y))
     tokens = cfg["batch_size"] * cfg["block_size"]
-    peak = device.peak_flops(dev.split(":")[0], dtype, cfg["peak_flops"])
+    peak = speed.peak_flops(dev.split(":")[0], dtype, cfg["peak_flops"])
     results = []
     for b in benches:
         q1, med, q3 = statistics.quantiles(b.times, n=4, method="inclusive") if len(b.times) > 1 else b.times * 3

@@ -27,7 +27,8 @@ import configurator
 from configurator import TYPES, at_rate, check, keys_that, memory_needs, meta_model, scale_counts
 from comparison import acts, ladder, placement, plots, report, stats
 from machinery.cli import RunStopped, UserError, parse_args, raise_terminated, run_cli, split_arg, split_list
-from machinery.device import compile_cache_dir, resolve_device, resolve_dtype
+from machinery.device import resolve_device, resolve_dtype
+from machinery.speed import compile_cache_dir
 from machinery.files import (HELD, LOCK, LOCK_FD_ENV, check_writable, ctrl_c_held, remove_dead_temps,
                              try_lock_run_dir, write_json)
 from machinery.progress import progress_bar

@@ -56,7 +56,7 @@ SETTINGS = dict(
     # elsewhere) | 'float32' | 'bfloat16' | 'float16'
     compile=Key(None, type=bool),  # None = auto: on for CUDA, off elsewhere (--compile=True compiles on a CPU too)
     compile_mode=Key('regional'),  # 'regional' (each Block compiled; one graph serves every layer) | 'whole' (the GPT)
-    peak_flops=Key(0.0),  # FLOP/s for MFU; 0 = the GPU's dense peak in the dtype by name (device.PEAK_FLOPS), else null
+    peak_flops=Key(0.0),  # FLOP/s for MFU; 0 = the GPU's dense peak in the dtype by name (speed.PEAK_FLOPS), else null
     threads=Key(0),  # torch's CPU threads; 0 = OMP_NUM_THREADS where set, else half the cores (device.set_threads)
     seed=Key(1337, 'stream id'),
     # Weights & Biases (nanoGPT's keys; wandb is imported only when wandb_log is on)

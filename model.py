@@ -308,7 +308,7 @@ class GPT(nn.Module):
 
     def head(self, x, targets):
         """The final norm, the output layer (the padded ids cut off) and the cross-entropy in fp32: (logits, ce). A
-        method of its own so that regional compilation (device.compile_model) fuses it as it fuses the blocks."""
+        method of its own so that regional compilation (speed.compile_model) fuses it as it fuses the blocks."""
         logits = self.lm_head(self.transformer.ln_f(x))[..., : self.config.vocab_size]
         return logits, F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 

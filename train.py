@@ -39,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from configurator import (DEFAULTS, TYPES, check, check_memory, model_args, model_config,
                           resumed_settings)
 from data.loader import open_loader
-from machinery import checkpoint as ckpt_io, device, wandb_log
+from machinery import checkpoint as ckpt_io, device, speed, wandb_log
 from machinery.cli import UserError, parse_args, run_cli
 from machinery.files import lock_run_dir
 from machinery.progress import progress_bar
@@ -108,7 +108,7 @@ def set_up(cfg, checkpoint):
     r.threads = device.set_threads(cfg['threads'])  # before compiling: Inductor's C++ kernels take the count then
     r.env = device.environment(hw)  # named in the first log line this process writes
     r.master, r.autocast = hw.rank == 0, device.autocast(hw.device_type, hw.dtype)  # only the master writes
-    r.peak = device.peak_flops(hw.device_type, hw.dtype, cfg['peak_flops'])  # for MFU
+    r.peak = speed.peak_flops(hw.device_type, hw.dtype, cfg['peak_flops'])  # for MFU
     if checkpoint is None and os.path.exists(r.ckpt_path) and not cfg['overwrite']:
         raise UserError(f"{r.ckpt_path} already exists; resume it with --init_from=resume, choose another --out_dir, "
                         f"or pass --overwrite=True to replace it.")
@@ -132,8 +132,8 @@ def set_up(cfg, checkpoint):
     r.optimizer = r.raw_model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
                                                    (cfg['beta1'], cfg['beta2']), hw.device_type)
     r.scaler = torch.amp.GradScaler(hw.device_type, enabled=hw.dtype == 'float16')  # float16 needs loss scaling
-    r.compiled = device.compile_default(hw.device_type) if cfg['compile'] is None else cfg['compile']
-    r.model = device.compile_model(r.raw_model, cfg['compile_mode']) if r.compiled else r.raw_model
+    r.compiled = speed.compile_default(hw.device_type) if cfg['compile'] is None else cfg['compile']
+    r.model = speed.compile_model(r.raw_model, cfg['compile_mode']) if r.compiled else r.raw_model
     if hw.ddp:  # every parameter gets a gradient each step (an expert with no token gets zeros): no unused ones
         r.model = DDP(r.model, device_ids=[hw.local_rank] if hw.device_type == 'cuda' else None)
         r.model.broadcast_buffers = False  # the only buffers, RoPE's tables, never change: not re-sent every step
@@ -155,7 +155,7 @@ def set_up(cfg, checkpoint):
               f"accumulation steps x {cfg['batch_size']} x {cfg['block_size']})")
         print('parameters: ' + ', '.join(f"{k} {v:,}" for k, v in r.raw_model.param_report().items()))
         print(f"device {hw.device}, dtype {hw.dtype}, {r.threads}, compile {r.compiled}"
-              + (f" ({cfg['compile_mode']}, cache {device.compile_cache_dir()})" if r.compiled else '')
+              + (f" ({cfg['compile_mode']}, cache {speed.compile_cache_dir()})" if r.compiled else '')
               + (f", resuming at iteration {r.iter_num}" if checkpoint else ''))
     return r
 
@@ -249,7 +249,7 @@ def add_evaluation(r, record):
         record['val_halves'] = halves
     record['val_hash'] = r.val_hash
     if r.has_learned:
-        with device.eager():  # hooks and eval mode must not send compiled blocks into a recompile
+        with speed.eager():  # hooks and eval mode must not send compiled blocks into a recompile
             learned = r.raw_model.learned(r.val_batches[0][0])
         r.has_learned = any(learned['layers'])  # a fixed activation learns nothing: not asked again
         if r.has_learned:
@@ -292,7 +292,7 @@ def train(r):
     """The loop: optimizer steps, a log line every log_interval, an evaluation and a checkpoint every eval_interval."""
     cfg = r.cfg
     pbar = progress_bar(cfg['max_iters'], 'train', initial=r.iter_num, disable=not r.master)
-    compiling = device.compile_seconds if r.compiled else (lambda: 0.0)
+    compiling = speed.compile_seconds if r.compiled else (lambda: 0.0)
     failed = True
     try:
         if r.iter_num == 0:  # the untrained model's validation loss starts every curve
@@ -352,7 +352,7 @@ def main(argv):
             f"best val loss {r.best_val_loss:.4f}, checkpoint {r.ckpt_path}" if r.saved_iter is not None
             else "no checkpoint (max_iters=0 evaluates the untrained model only)"))
         if r.compiled:  # graphs built, and what the on-disk cache served
-            print('compile: ' + json.dumps(device.compile_stats()))
+            print('compile: ' + json.dumps(speed.compile_stats()))
 
 
 if __name__ == '__main__':

@@ -1,6 +1,6 @@
 """
-The hardware choices of a run, in one place: its set-up (device, precision, DDP under torchrun, TF32), torch.compile
-(regional, with its on-disk cache), and the accelerator's peak FLOP/s for MFU.
+Where a command computes, in one place: its device, precision and CPU threads, and under torchrun its process group
+(DDP) and TF32. How fast a run trains (torch.compile, the peak FLOP/s of MFU) is speed.py.
 """
 import gc
 import os
@@ -15,14 +15,6 @@ import torch.distributed as dist
 from machinery.cli import UserError
 
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
-# dense tensor-core peaks per GPU, (bf16/fp16, tf32) FLOP/s, from NVIDIA's datasheets (half their "with sparsity"
-# figures), matched against torch.cuda.get_device_name in this order: a model's variants before the model itself
-PEAK_FLOPS = [('GH200', 989e12, 494.5e12), ('H200 NVL', 835e12, 417.5e12), ('H200', 989e12, 494.5e12),
-              ('H100 NVL', 835e12, 417.5e12), ('H100 PCIe', 756e12, 378e12), ('H100', 989e12, 494.5e12),
-              ('A100', 312e12, 156e12)]
-# the user's choice, read at import: Inductor writes its own default (/tmp/torchinductor_USER) into the variable as soon
-# as anything loads it (building AdamW does), and that must not pass for a choice
-USER_CACHE_DIR = os.environ.get('TORCHINDUCTOR_CACHE_DIR')
 
 
 def resolve_device(name, mps=True):
@@ -165,70 +157,3 @@ def teardown(hw, failed):
 def autocast(device_type, dtype):
     """Mixed precision for bfloat16/float16 (matmuls in the low precision, reductions in fp32); nothing for float32."""
     return nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=DTYPES[dtype])
-
-
-def peak_flops(device_type, dtype, override):
-    """The peak FLOP/s MFU is measured against: --peak_flops, else the current GPU's dense peak by its name, in the
-    precision its matmuls run in (float32 runs them in TF32: setup), else None."""
-    if override > 0:
-        return override
-    if device_type != 'cuda':
-        return None
-    name = torch.cuda.get_device_name()
-    if 'MIG' in name:  # a slice of the GPU named, with a fraction of its SMs: the whole GPU's peak would be wrong
-        return None
-    return next(((low if dtype != 'float32' else tf32) for key, low, tf32 in PEAK_FLOPS if key in name), None)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# torch.compile
-
-
-def compile_default(device_type):
-    """--compile=auto: on for CUDA, where fused kernels pay for the compile within the first steps of a real run;
-    off elsewhere (a CPU run finishes sooner eager unless it is long, and MPS support in Inductor is young)."""
-    return device_type == 'cuda'
-
-
-def compile_cache_dir():
-    """Where torch.compile keeps what it built, so that every later run tracing the same graph loads it instead of
-    compiling it: $TORCHINDUCTOR_CACHE_DIR, else ~/.cache/nanoffn/torchinductor. Deleting it is safe."""
-    base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-    return USER_CACHE_DIR or os.path.join(base, 'nanoffn', 'torchinductor')
-
-
-def compile_model(model, mode):
-    """Compile a GPT for training; returns what to call in place of the model. regional: every Block compiled in place
-    (PyTorch's "regional compilation"): the blocks share code and shapes, so one graph serves every layer, built once
-    whatever the depth, and state_dict keys stay plain; the head (norm, output layer, cross-entropy) is a region too,
-    so its vocabulary-sized logits are not copied to fp32 and read again eagerly. whole: the whole GPT as one graph,
-    fused across blocks, at more compile time. dynamic=False: every batch has the same shape, so Dynamo specialises
-    once."""
-    os.environ['TORCHINDUCTOR_CACHE_DIR'] = compile_cache_dir()  # read when Inductor first compiles
-    if mode == 'whole':
-        return torch.compile(model, dynamic=False)
-    for block in model.transformer.h:
-        block.compile(dynamic=False)
-    model.head = torch.compile(model.head, dynamic=False)
-    return model
-
-
-def eager():
-    """Run compiled modules eagerly inside this context (for one-off passes that must not trigger a recompile)."""
-    return torch.compiler.set_stance('force_eager')
-
-
-def compile_seconds():
-    """Seconds this process has spent compiling (tracing and building, or loading from the cache): Dynamo's count."""
-    from torch._dynamo.utils import compilation_time_metrics
-    return sum(sum(compilation_time_metrics.get(k, [])) for k in ('_compile.compile_inner', 'backward._backward_impl'))
-
-
-def compile_stats():
-    """What torch.compile did in this process: distinct graphs compiled, and hits and misses of the on-disk caches."""
-    from torch._dynamo.utils import counters
-    return {'graphs': counters['stats']['unique_graphs'],
-            'fx_cache_hit': counters['inductor']['fxgraph_cache_hit'],
-            'fx_cache_miss': counters['inductor']['fxgraph_cache_miss'],
-            'aot_cache_hit': counters['aot_autograd']['autograd_cache_hit'],
-            'aot_cache_miss': counters['aot_autograd']['autograd_cache_miss']}

@@ -23,7 +23,7 @@ SHAPE = ['--n_layer=2', '--max_iters=7', '--eval_interval=3', '--log_interval=2'
 
 
 def compile_line(p):
-    """The `compile: {...}` line train.py prints at the end of a compiled run (device.compile_stats)."""
+    """The `compile: {...}` line train.py prints at the end of a compiled run (speed.compile_stats)."""
     lines = [l for l in p.stdout.splitlines() if l.startswith('compile: ')]
     assert len(lines) == 1, p.stdout[-2000:]
     return json.loads(lines[0][len('compile: '):])
@@ -164,9 +164,9 @@ def test_step_time_leaves_compiling_out(cache_runs):
 
 
 def test_compile_default_is_on_for_cuda_only(shakespeare_char_dir, tmp_path):
-    from machinery import device
-    assert device.compile_default('cuda') is True
-    assert device.compile_default('cpu') is False and device.compile_default('mps') is False
+    from machinery import speed
+    assert speed.compile_default('cuda') is True
+    assert speed.compile_default('cpu') is False and speed.compile_default('mps') is False
     p = train(shakespeare_char_dir, str(tmp_path / 'run'), '--compile=auto', '--max_iters=2', '--eval_interval=2')
     assert_ok(p)
     assert 'compile False' in next(l for l in p.stdout.splitlines() if l.startswith('device '))

@@ -23,7 +23,7 @@ import torch
 
 from activations import VARIANTS
 from data.shards import write_shard
-from machinery import device, grouped_matmul
+from machinery import grouped_matmul, speed
 from model import GPT, GPTConfig
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(
@@ -210,7 +210,7 @@ def test_a_20_step_compare_of_a_dense_and_an_moe_variant_trains_both_on_one_gpu(
            '--lrs=', '--jobs=0', '--threads=0', '--max_iters=20', '--lr_decay_iters=20', '--eval_interval=10',
            '--log_interval=5', '--eval_iters=4', '--warmup_iters=2', '--learning_rate=3e-3', '--min_lr=3e-4',
            '--n_layer=2', '--n_head=4', '--n_embd=128', '--block_size=128', '--batch_size=16']
-    if device.peak_flops('cuda', 'bfloat16', 0) is None:  # a GPU missing from device.PEAK_FLOPS: MFU against an H100's
+    if speed.peak_flops('cuda', 'bfloat16', 0) is None:  # a GPU missing from speed.PEAK_FLOPS: MFU against an H100's
         cmd.append('--peak_flops=989e12')
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

@@ -20,7 +20,7 @@ import compare  # noqa: E402
 import configurator  # noqa: E402
 from activations import VARIANTS  # noqa: E402
 from data.shards import write_shard  # noqa: E402
-from machinery import device  # noqa: E402
+from machinery import device, speed  # noqa: E402
 from machinery.cli import UserError  # noqa: E402
 from machinery.device import Compute  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -48,7 +48,7 @@ def test_one_gpu_sets_up_on_its_first_device(fake_gpu, name):
     assert device.setup(name, 'auto') == Compute('cuda:0', 'bfloat16')
     assert devices_set == [0]
     assert torch.get_float32_matmul_precision() == 'high'  # TF32 for float32 matmuls
-    assert device.compile_default('cuda') and not device.compile_default('cpu')
+    assert speed.compile_default('cuda') and not speed.compile_default('cpu')
 
 
 def test_a_named_gpu_of_several_is_the_one_set_up(fake_gpu):
@@ -154,19 +154,19 @@ def test_cpu_threads_are_half_the_cores_unless_told(monkeypatch):
 def test_peak_flops_are_the_gpu_models_own_in_the_runs_precision(fake_gpu, name, bf16, tf32):
     fake_gpu(name=name)
     device.setup('cuda', 'float32')
-    assert device.peak_flops('cuda', 'bfloat16', 0) == bf16
-    assert device.peak_flops('cuda', 'float16', 0) == bf16
-    assert device.peak_flops('cuda', 'float32', 0) == tf32  # float32 matmuls run in TF32
-    assert device.peak_flops('cuda', 'float32', 123e12) == 123e12
-    assert device.peak_flops('cpu', 'float32', 0) is None
+    assert speed.peak_flops('cuda', 'bfloat16', 0) == bf16
+    assert speed.peak_flops('cuda', 'float16', 0) == bf16
+    assert speed.peak_flops('cuda', 'float32', 0) == tf32  # float32 matmuls run in TF32
+    assert speed.peak_flops('cuda', 'float32', 123e12) == 123e12
+    assert speed.peak_flops('cpu', 'float32', 0) is None
 
 
 def test_a_mig_slice_has_no_mfu_rather_than_the_whole_gpus(fake_gpu):
     """A MIG slice has a fraction of the GPU's SMs: against the whole H100's peak its MFU would read up to 7x low."""
     fake_gpu(name='NVIDIA H100 80GB HBM3 MIG 1g.10gb', total_gib=10)
     device.setup('cuda', 'auto')
-    assert device.peak_flops('cuda', 'bfloat16', 0) is None
-    assert device.peak_flops('cuda', 'bfloat16', 120e12) == 120e12  # --peak_flops, the user's figure for the slice
+    assert speed.peak_flops('cuda', 'bfloat16', 0) is None
+    assert speed.peak_flops('cuda', 'bfloat16', 120e12) == 120e12  # --peak_flops, the user's figure for the slice
 
 
 def test_the_run_records_what_it_ran_on(fake_gpu, monkeypatch):

@@ -394,8 +394,8 @@ def test_device_setup_joins_torchrun_s_process_group(monkeypatch):
 def test_the_compile_cache_is_the_documented_one_after_inductor_has_loaded(tmp_path):
     """Building AdamW loads Inductor, which writes its own default (/tmp/torchinductor_USER) into
     TORCHINDUCTOR_CACHE_DIR: the cache train.py uses stays ~/.cache/nanoffn/torchinductor unless the user set one."""
-    code = ("import model; from machinery import device; m = model.GPT(model.GPTConfig(n_layer=1, n_head=2, n_embd=32, "
-            "vocab_size=65)); m.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu'); print(device.compile_cache_dir())")
+    code = ("import model; from machinery import speed; m = model.GPT(model.GPTConfig(n_layer=1, n_head=2, n_embd=32, "
+            "vocab_size=65)); m.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu'); print(speed.compile_cache_dir())")
     clean = {k: v for k, v in env(XDG_CACHE_HOME=str(tmp_path)).items() if k != 'TORCHINDUCTOR_CACHE_DIR'}
     for extra, want in (({}, os.path.join(str(tmp_path), 'nanoffn', 'torchinductor')),
                         ({'TORCHINDUCTOR_CACHE_DIR': '/elsewhere'}, '/elsewhere')):
