@@ -29,8 +29,8 @@ from comparison import acts, ladder, placement, plots, report, stats
 from machinery.cli import RunStopped, UserError, parse_args, raise_terminated, run_cli, split_arg, split_list
 from machinery.device import resolve_device, resolve_dtype
 from machinery.speed import compile_cache_dir
-from machinery.files import (HELD, LOCK, LOCK_FD_ENV, check_writable, ctrl_c_held, remove_dead_temps,
-                             try_lock_run_dir, write_json)
+from machinery.files import check_writable, ctrl_c_held, remove_dead_temps, write_json
+from machinery.lock import HELD, LOCK, LOCK_FD_ENV, try_lock_run_dir
 from machinery.progress import progress_bar
 from machinery.run_log import LOG, clear_diverged, parse_record
 from comparison.runs import (FINISHED, INTENT, TRAIN_OUT, check_variants, command_line, make_run, scan, tuning_key,

@@ -41,7 +41,7 @@ from configurator import (DEFAULTS, TYPES, check, check_memory, model_args, mode
 from data.loader import open_loader
 from machinery import checkpoint as ckpt_io, device, speed, wandb_log
 from machinery.cli import UserError, parse_args, run_cli
-from machinery.files import lock_run_dir
+from machinery.lock import lock_run_dir
 from machinery.progress import progress_bar
 from machinery.run_log import (LOG, Diverged, append_log, check_finite_losses, check_finite_weights, note_diverged,
                                open_for_try)

@@ -293,12 +293,12 @@ def test_a_run_directory_has_one_owner(world, tmp_path, capsys):
 
 def test_a_lock_compare_holds_for_its_torchrun_processes_is_theirs_alone(tmp_path):
     """torchrun passes no descriptor on, so compare.py keeps a DDP run's lock and names its file to the run."""
-    from machinery import files
-    lock, _ = files.try_lock_run_dir(str(tmp_path / 'run'))
-    other, _ = files.try_lock_run_dir(str(tmp_path / 'other'))
-    code = 'import sys; from machinery import files; print(files.try_lock_run_dir(sys.argv[1])[1])'
+    from machinery import lock as run_lock
+    lock, _ = run_lock.try_lock_run_dir(str(tmp_path / 'run'))
+    other, _ = run_lock.try_lock_run_dir(str(tmp_path / 'other'))
+    code = 'import sys; from machinery import lock; print(lock.try_lock_run_dir(sys.argv[1])[1])'
     for held, owner in (('run', 'None'), ('other', f'PID {os.getpid()}'), (None, f'PID {os.getpid()}')):
-        env = {**os.environ, files.LOCK_FD_ENV: files.HELD + str(tmp_path / held / '.lock') if held else ''}
+        env = {**os.environ, run_lock.LOCK_FD_ENV: run_lock.HELD + str(tmp_path / held / '.lock') if held else ''}
         p = subprocess.run([sys.executable, '-c', code, str(tmp_path / 'run')], cwd=ROOT, env=env, capture_output=True,
                            text=True)
         assert p.stdout.startswith(owner), (held, p.stdout, p.stderr)
@@ -378,12 +378,12 @@ def processes_of(run_dir):
 def test_a_terminated_compare_stops_its_runs(world, tmp_path, nproc):
     """SIGTERM (kill, timeout) ends compare.py as Ctrl-C does: its train.py (every torchrun worker) is stopped too
     and the directory freed."""
-    from machinery import files
+    from machinery import lock as run_lock
     p, run_dir = start_a_long_comparison(world, tmp_path, nproc)
     p.terminate()
     assert p.wait(timeout=120) == 143
     assert processes_of(run_dir) == []
-    lock, owner = files.try_lock_run_dir(run_dir)
+    lock, owner = run_lock.try_lock_run_dir(run_dir)
     assert owner is None
     lock.close()
 
@@ -391,12 +391,12 @@ def test_a_terminated_compare_stops_its_runs(world, tmp_path, nproc):
 @pytest.mark.slow
 def test_a_ddp_run_keeps_its_directory_locked_while_it_trains(world, tmp_path):
     """compare.py killed outright: its torchrun run trains on, and its directory stays locked until that ends."""
-    from machinery import files
+    from machinery import lock as run_lock
     p, run_dir = start_a_long_comparison(world, tmp_path, 2)
     p.kill()
     p.wait()
     try:
-        assert files.try_lock_run_dir(run_dir)[1] is not None
+        assert run_lock.try_lock_run_dir(run_dir)[1] is not None
     finally:
         for pid in processes_of(run_dir):
             subprocess.run(['kill', '-9', pid])
