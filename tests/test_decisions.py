@@ -1,7 +1,8 @@
 """The decisions a comparison makes, each asserted on its own, fast (no training): which rate the one-standard-error
 rule picks, what the fingerprint behind tuned_at holds, the learning rate and min_lr every planned run gets, which
 rates are refused, how many rounds --plan lists, when the live loss.png is redrawn, how runs are placed on 1 to 8
-(fake) GPUs, and which process state a resume loads. Each would fail if a developer broke that decision."""
+(fake) GPUs, which process state a resume loads, and which settings a run's checks accept or refuse, in which
+sentence. Each would fail if a developer broke that decision."""
 import math
 import os
 import sys
@@ -535,32 +536,37 @@ class Loader:
         self.loaded.append((state, tokens))
 
 
-def resumed(world_size, rank, saved_world, n_states, monkeypatch, capsys):
-    """restore() of a checkpoint written by saved_world processes holding n_states per-process states, in process
-    `rank` of world_size: (the loader state it loaded, the RNG state it set, what it printed)."""
+def resumed(world_size, rank, saved_world, n_states, monkeypatch, capsys, device_type='cpu', step=None):
+    """restore() of a checkpoint written at iteration 4 by saved_world processes holding n_states per-process states,
+    in process `rank` of world_size on device_type: (the loader state it loaded, the RNG states it set with their
+    device types, what it printed). step: its AdamW state's steps instead of 1."""
     p = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.AdamW([p])
     p.grad = torch.ones(3)
     opt.step()
+    if step is not None:
+        opt.state[p]['step'] = torch.tensor(float(step))
     ckpt = {'optimizer': opt.state_dict(), 'scaler': None, 'iter_num': 4, 'best_val_loss': 2.0, 'tokens': 64,
             'train_time': 1.0, 'world_size': saved_world, 'loader': [f'loader{i}' for i in range(n_states)],
             'rng': [f'rng{i}' for i in range(n_states)]}
     rngs = []
-    monkeypatch.setattr(train.ckpt_io, 'set_rng_state', lambda state, device_type: rngs.append(state))
+    monkeypatch.setattr(train.ckpt_io, 'set_rng_state', lambda state, device_type: rngs.append((state, device_type)))
     r = types.SimpleNamespace(optimizer=torch.optim.AdamW([torch.nn.Parameter(torch.ones(3))]), scaler=None,
                               loader=Loader(), hw=types.SimpleNamespace(world_size=world_size, rank=rank,
-                                                                        device_type='cpu'),
+                                                                        device_type=device_type),
                               master=rank == 0, ckpt_path='run/ckpt.pt')
     train.restore(ckpt, r)
     assert (r.iter_num, r.tokens, r.saved_iter) == (4, 64, 4)
     return r.loader.loaded, rngs, capsys.readouterr().out
 
 
+@pytest.mark.parametrize('device_type', ['cpu', 'cuda'])
 @pytest.mark.parametrize('world_size', [1, 2, 4])
-def test_each_process_resumes_its_own_data_stream_and_rng(world_size, monkeypatch, capsys):
+def test_each_process_resumes_its_own_data_stream_and_rng(world_size, device_type, monkeypatch, capsys):
+    """The RNG states set are those of the process's device type: a CUDA run's include its GPU's."""
     for rank in range(world_size):
-        loaded, rngs, out = resumed(world_size, rank, world_size, world_size, monkeypatch, capsys)
-        assert loaded == [(f'loader{rank}', 64)] and rngs == [f'rng{rank}'] and out == ''
+        loaded, rngs, out = resumed(world_size, rank, world_size, world_size, monkeypatch, capsys, device_type)
+        assert loaded == [(f'loader{rank}', 64)] and rngs == [(f'rng{rank}', device_type)] and out == ''
 
 
 def test_another_world_size_continues_rank_0s_stream_without_its_rng(monkeypatch, capsys):
@@ -580,7 +586,22 @@ def test_per_process_states_not_one_per_saved_process_are_refused_in_a_sentence(
     with pytest.raises(UserError) as e:
         resumed(world_size, rank, saved_world, n_states, monkeypatch, capsys)
     message = str(e.value)
-    assert message.startswith('cannot use run/ckpt.pt (') and '\n' not in message and message.endswith('.')
+    assert message.startswith(f'cannot use run/ckpt.pt (ValueError: it holds {n_states} data streams and {n_states} '
+                              f'RNG states for {saved_world} process(es)), ')
+    assert '\n' not in message and message.endswith('.')
+
+
+@pytest.mark.parametrize('step, accepted', [(0, True), (1, True), (4, True), (-1, False), (5, False)])
+def test_an_adamw_state_of_0_to_the_checkpoints_steps_is_accepted(step, accepted, monkeypatch, capsys):
+    """A checkpoint of iteration 4: a parameter's AdamW state of 0 steps (as AdamW starts one) to 4 is resumed; one of
+    -1 or 5 steps is refused in a sentence, by every process."""
+    if accepted:
+        assert resumed(1, 0, 1, 1, monkeypatch, capsys, step=step)[0] == [('loader0', 64)]
+        return
+    with pytest.raises(UserError) as e:
+        resumed(1, 0, 1, 1, monkeypatch, capsys, step=step)
+    assert str(e.value).startswith("cannot use run/ckpt.pt (ValueError: its optimizer's state is not that of AdamW on "
+                                   "this model after its steps), ")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
