@@ -1,7 +1,8 @@
 """The decisions a comparison makes, each asserted on its own, fast (no training): which rate the one-standard-error
 rule picks, what the fingerprint behind tuned_at holds, the learning rate and min_lr every planned run gets, which
 rates are refused, how many rounds --plan lists, when the live loss.png is redrawn, how runs are placed on 1 to 8
-(fake) GPUs, and which process state a resume loads. Each would fail if a developer broke that decision."""
+(fake) GPUs, which process state a resume loads, and which settings a run's checks accept or refuse, in which
+sentence. Each would fail if a developer broke that decision."""
 import math
 import os
 import sys
@@ -15,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import compare  # noqa: E402
 import configurator  # noqa: E402
 import train  # noqa: E402
+from activations import VARIANTS  # noqa: E402
 from comparison import placement, report, runs, stats  # noqa: E402
 from machinery.cli import UserError  # noqa: E402
 
@@ -465,6 +467,64 @@ def test_a_named_gpu_and_a_cpu_place_nothing(fake_gpu, cores):
     assert placement.resolve_jobs({**compare.DEFAULTS, 'device': 'cpu', 'jobs': 3}, 2, SMALL_STEP, 1)[1] == 3
 
 
+
+@pytest.mark.parametrize('n_gpus', range(1, 9))
+def test_runs_per_gpu_are_whole_runs_of_a_core_each_at_least(fake_gpu, cores, n_gpus):
+    """A core per GPU: no sharing, a GPU each. 2n + 1 cores on n GPUs: (2n + 1) // n whole runs per GPU (an int; on
+    2 GPUs or more an odd core is left over), a thread each."""
+    fake_gpu(n=n_gpus, total_gib=80)
+    names = [str(i) for i in range(n_gpus)]
+    cfg = {**compare.DEFAULTS, 'device': 'cuda'}
+    cores(n_gpus)
+    assert placement.resolve_jobs(cfg, 99, SMALL_STEP, 1)[:3] == (names, n_gpus, 0)
+    cores(2 * n_gpus + 1)
+    per_gpu = 3 if n_gpus == 1 else 2
+    _, jobs, threads, why = placement.resolve_jobs(cfg, 99, SMALL_STEP, 1)
+    assert (jobs, threads) == (per_gpu * n_gpus, 1) and type(jobs) is int and type(threads) is int
+    assert why.startswith(f"{per_gpu * n_gpus} at a time on GPU{'s' * (n_gpus > 1)} {','.join(names)}, "
+                          f"up to {per_gpu} per GPU, 1 CPU thread(s) each: ")
+
+
+def test_a_run_a_hair_over_a_share_of_the_memory_makes_one_fewer_share_it(fake_gpu, cores):
+    """Six runs whose estimate (with its CUDA context) is the float nearest a sixth of 90% of an 11 GiB GPU, which is
+    just above it: their sum is over it, so five share the GPU, though the rounded quotient 0.9·total / need is 6.0."""
+    from fractions import Fraction
+    fake_gpu(n=1, total_gib=11)
+    cores(64)
+    usable = 0.9 * (11 * 2**30)
+    each = usable / 6
+    need = each - placement.CONTEXT_BYTES
+    assert need + placement.CONTEXT_BYTES == each and usable / each == 6.0 and 6 * Fraction(each) > Fraction(usable)
+    assert placement.resolve_jobs({**compare.DEFAULTS, 'device': 'cuda'}, 99, SMALL_STEP, need)[1] == 5
+    below = math.nextafter(each, 0)  # the float before it: six fit
+    assert 6 * Fraction(below) <= Fraction(usable)
+    assert placement.resolve_jobs({**compare.DEFAULTS, 'device': 'cuda'}, 99, SMALL_STEP,
+                                  below - placement.CONTEXT_BYTES)[1] == 6
+
+
+def test_the_line_saying_how_runs_share_gpus_holds_the_numbers_they_were_placed_by(fake_gpu, cores):
+    """2 GPUs of 80 GiB, runs of 10 GiB with their context: 7 per GPU (7.2 fit), 14 at a time, 64 // 14 = 4 threads."""
+    fake_gpu(n=2, total_gib=80)
+    cores(64)
+    need = 10 * 2**30 - placement.CONTEXT_BYTES
+    tail = ("up to 7 per GPU, 4 CPU thread(s) each: a micro-step of 1e+11 FLOPs is too small to fill a GPU, and each "
+            "run needs about 10 GiB of its 80 GiB (an estimate, with its CUDA context); --jobs sets the number")
+    cfg = {**compare.DEFAULTS, 'device': 'cuda'}
+    assert placement.resolve_jobs(cfg, 99, 1e11, need) == (['0', '1'], 14, 4, f"14 at a time on GPUs 0,1, {tail}")
+    assert placement.resolve_jobs(cfg, 5, 1e11, need)[3] == f"5 at a time on GPUs 0,1, {tail}"
+
+
+def test_a_named_gpu_shares_by_its_own_memory_not_the_first_gpus(fake_gpu, cores):
+    """--device=cuda:3 on a 16 GiB GPU beside 80 GiB ones: runs of 4 GiB, 3 at a time there (3.6 fit), not 8."""
+    from fake_gpu import FAKE
+    fake_gpu(n=4, total_gib=80)
+    FAKE.props[3].total_memory = 16 * 2**30
+    cores(16)
+    need = 4 * 2**30 - placement.CONTEXT_BYTES
+    gpus, jobs, threads, why = placement.resolve_jobs({**compare.DEFAULTS, 'device': 'cuda:3'}, 99, SMALL_STEP, need)
+    assert (gpus, jobs, threads) == ([], 3, 16 // 3)
+    assert why.startswith('3 at a time on GPU 3, up to 3 per GPU, ') and 'about 4 GiB of its 16 GiB' in why
+
 # ----------------------------------------------------------------------------------------------------------------------
 # a checkpoint's per-process states: each process resumes its own, and a list that is not one per process is refused
 
@@ -476,32 +536,37 @@ class Loader:
         self.loaded.append((state, tokens))
 
 
-def resumed(world_size, rank, saved_world, n_states, monkeypatch, capsys):
-    """restore() of a checkpoint written by saved_world processes holding n_states per-process states, in process
-    `rank` of world_size: (the loader state it loaded, the RNG state it set, what it printed)."""
+def resumed(world_size, rank, saved_world, n_states, monkeypatch, capsys, device_type='cpu', step=None):
+    """restore() of a checkpoint written at iteration 4 by saved_world processes holding n_states per-process states,
+    in process `rank` of world_size on device_type: (the loader state it loaded, the RNG states it set with their
+    device types, what it printed). step: its AdamW state's steps instead of 1."""
     p = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.AdamW([p])
     p.grad = torch.ones(3)
     opt.step()
+    if step is not None:
+        opt.state[p]['step'] = torch.tensor(float(step))
     ckpt = {'optimizer': opt.state_dict(), 'scaler': None, 'iter_num': 4, 'best_val_loss': 2.0, 'tokens': 64,
             'train_time': 1.0, 'world_size': saved_world, 'loader': [f'loader{i}' for i in range(n_states)],
             'rng': [f'rng{i}' for i in range(n_states)]}
     rngs = []
-    monkeypatch.setattr(train.ckpt_io, 'set_rng_state', lambda state, device_type: rngs.append(state))
+    monkeypatch.setattr(train.ckpt_io, 'set_rng_state', lambda state, device_type: rngs.append((state, device_type)))
     r = types.SimpleNamespace(optimizer=torch.optim.AdamW([torch.nn.Parameter(torch.ones(3))]), scaler=None,
                               loader=Loader(), hw=types.SimpleNamespace(world_size=world_size, rank=rank,
-                                                                        device_type='cpu'),
+                                                                        device_type=device_type),
                               master=rank == 0, ckpt_path='run/ckpt.pt')
     train.restore(ckpt, r)
     assert (r.iter_num, r.tokens, r.saved_iter) == (4, 64, 4)
     return r.loader.loaded, rngs, capsys.readouterr().out
 
 
+@pytest.mark.parametrize('device_type', ['cpu', 'cuda'])
 @pytest.mark.parametrize('world_size', [1, 2, 4])
-def test_each_process_resumes_its_own_data_stream_and_rng(world_size, monkeypatch, capsys):
+def test_each_process_resumes_its_own_data_stream_and_rng(world_size, device_type, monkeypatch, capsys):
+    """The RNG states set are those of the process's device type: a CUDA run's include its GPU's."""
     for rank in range(world_size):
-        loaded, rngs, out = resumed(world_size, rank, world_size, world_size, monkeypatch, capsys)
-        assert loaded == [(f'loader{rank}', 64)] and rngs == [f'rng{rank}'] and out == ''
+        loaded, rngs, out = resumed(world_size, rank, world_size, world_size, monkeypatch, capsys, device_type)
+        assert loaded == [(f'loader{rank}', 64)] and rngs == [(f'rng{rank}', device_type)] and out == ''
 
 
 def test_another_world_size_continues_rank_0s_stream_without_its_rng(monkeypatch, capsys):
@@ -521,4 +586,172 @@ def test_per_process_states_not_one_per_saved_process_are_refused_in_a_sentence(
     with pytest.raises(UserError) as e:
         resumed(world_size, rank, saved_world, n_states, monkeypatch, capsys)
     message = str(e.value)
-    assert message.startswith('cannot use run/ckpt.pt (') and '\n' not in message and message.endswith('.')
+    assert message.startswith(f'cannot use run/ckpt.pt (ValueError: it holds {n_states} data streams and {n_states} '
+                              f'RNG states for {saved_world} process(es)), ')
+    assert '\n' not in message and message.endswith('.')
+
+
+@pytest.mark.parametrize('step, accepted', [(0, True), (1, True), (4, True), (-1, False), (5, False)])
+def test_an_adamw_state_of_0_to_the_checkpoints_steps_is_accepted(step, accepted, monkeypatch, capsys):
+    """A checkpoint of iteration 4: a parameter's AdamW state of 0 steps (as AdamW starts one) to 4 is resumed; one of
+    -1 or 5 steps is refused in a sentence, by every process."""
+    if accepted:
+        assert resumed(1, 0, 1, 1, monkeypatch, capsys, step=step)[0] == [('loader0', 64)]
+        return
+    with pytest.raises(UserError) as e:
+        resumed(1, 0, 1, 1, monkeypatch, capsys, step=step)
+    assert str(e.value).startswith("cannot use run/ckpt.pt (ValueError: its optimizer's state is not that of AdamW on "
+                                   "this model after its steps), ")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the settings checks: each edge a run's settings are accepted or refused at, and the sentence that refuses them
+
+@pytest.fixture
+def run_settings(tmp_path):
+    """settings(**changes): a run's settings that configurator.check accepts (a 65-token vocabulary given, so that no
+    dataset is read), with changes on top."""
+    base = {**configurator.DEFAULTS, 'out_dir': str(tmp_path / 'out'), 'data_dir': str(tmp_path), 'vocab_size': 65}
+    return lambda **changes: {**base, **changes}
+
+
+BELOW_1 = math.nextafter(1.0, 0.0)
+ACCEPTED = ([dict(init_from=v) for v in ('scratch', 'resume')]
+            + [dict(schedule=v) for v in ('cosine', 'wsd', 'constant')]
+            + [dict(compile_mode=v) for v in ('regional', 'whole')]
+            + [{k: 1} for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_interval',
+                                'eval_iters', 'log_interval', 'n_layer')]
+            + [{k: 0} for k in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'threads')]
+            + [dict(decay_frac=0.0), dict(decay_frac=1.0)]
+            + [{k: 0.0} for k in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops',
+                                  'aux_loss_weight', 'z_loss_weight')]
+            + [{k: v} for k in ('beta1', 'beta2') for v in (0.0, BELOW_1)]
+            + [dict(seed=0), dict(seed=configurator.MAX_SEED)])
+
+
+@pytest.mark.parametrize('changes', ACCEPTED, ids=[repr(c) for c in ACCEPTED])
+def test_the_edges_of_a_runs_settings_are_accepted(run_settings, changes):
+    configurator.check(run_settings(**changes))
+
+
+REFUSED_SETTINGS = [
+    (dict(init_from='resum'), "--init_from expects scratch or resume, got 'resum'."),
+    (dict(schedule='linear'), "--schedule expects cosine or wsd or constant, got 'linear'."),
+    (dict(compile_mode='all'), "--compile_mode expects regional or whole, got 'all'."),
+    (dict(out_dir=' '), "--out_dir is empty; give the run's directory, e.g. --out_dir=out-gelu."),
+    (dict(batch_size=0), "--batch_size must be at least 1, got 0."),
+    (dict(n_embd=0), "--n_embd must be at least 1, got 0."),
+    (dict(max_iters=-1), "--max_iters must not be negative, got -1."),
+    (dict(vocab_size=-1), "--vocab_size must not be negative, got -1."),
+    (dict(decay_frac=-0.1), "--decay_frac must be between 0 and 1, got -0.1."),
+    (dict(decay_frac=math.nextafter(1.0, 2.0)), "--decay_frac must be between 0 and 1, got 1.0000000000000002."),
+    (dict(decay_frac=1.5), "--decay_frac must be between 0 and 1, got 1.5."),
+    (dict(learning_rate=math.inf), "--learning_rate must be a finite number >= 0, got inf."),
+    (dict(min_lr=-math.inf), "--min_lr must be a finite number >= 0, got -inf."),
+    (dict(grad_clip=math.nan), "--grad_clip must be a finite number >= 0, got nan."),
+    (dict(weight_decay=-1e-3), "--weight_decay must be a finite number >= 0, got -0.001."),
+    (dict(beta1=1.0), "--beta1 must be in [0, 1), got 1.0."),
+    (dict(beta2=1.5), "--beta2 must be in [0, 1), got 1.5."),
+    (dict(beta1=-0.1), "--beta1 must be in [0, 1), got -0.1."),
+    (dict(beta2=math.nan), "--beta2 must be in [0, 1), got nan."),
+    (dict(seed=-1), f"--seed must be between 0 and {configurator.MAX_SEED}, got -1."),
+    (dict(seed=configurator.MAX_SEED + 1), "--seed must be between 0 and 2147483647, got 2147483648."),
+    (dict(ffn='polyrelu', poly_order=9), "poly_order must be 2, 3 or 4, got 9."),  # the activation's own check
+    (dict(norm='batchnorm'), "--norm must be rmsnorm or layernorm, --pos rope or learned."),  # model_config's
+]
+
+
+@pytest.mark.parametrize('changes, sentence', REFUSED_SETTINGS, ids=[repr(c) for c, _ in REFUSED_SETTINGS])
+def test_settings_beyond_an_edge_are_refused_in_their_sentence(run_settings, changes, sentence):
+    with pytest.raises(UserError) as e:
+        configurator.check(run_settings(**changes))
+    assert str(e.value) == sentence
+
+
+def test_an_out_dir_that_is_a_file_is_refused_and_one_that_is_a_directory_is_not(run_settings, tmp_path):
+    (tmp_path / 'f').write_text('')
+    with pytest.raises(UserError) as e:
+        configurator.check(run_settings(out_dir=str(tmp_path / 'f')))
+    assert str(e.value) == f"--out_dir={tmp_path / 'f'} is a file, not a directory; choose another --out_dir."
+    configurator.check(run_settings(out_dir=str(tmp_path)))
+
+
+def test_the_model_checked_has_the_datasets_vocabulary_unless_vocab_size_is_given(run_settings, tmp_path, monkeypatch):
+    """vocab_size 0 is the dataset's (its meta.json: 77 here); a vocab_size given is that, whatever the dataset's."""
+    (tmp_path / 'shakespeare_char').mkdir()
+    (tmp_path / 'shakespeare_char' / 'meta.json').write_text('{"vocab_size": 77}')
+    checked = []
+    monkeypatch.setattr(configurator, 'check_memory', lambda cfg, config: checked.append(config.vocab_size))
+    configurator.check(run_settings(vocab_size=0))
+    configurator.check(run_settings(vocab_size=100))
+    assert checked == [77, 100]
+
+
+def test_an_activations_refusal_is_one_sentence_with_one_full_stop(run_settings, monkeypatch):
+    def refuse(config):
+        raise ValueError('la_init names no activation.')
+    monkeypatch.setattr(configurator, 'make_activations', refuse)
+    with pytest.raises(UserError) as e:
+        configurator.check(run_settings())
+    assert str(e.value) == 'la_init names no activation.'
+
+
+def test_wandb_that_cannot_be_imported_is_refused_only_when_asked_for(run_settings, monkeypatch):
+    monkeypatch.setitem(sys.modules, 'wandb', None)  # import wandb raises ModuleNotFoundError
+    configurator.check(run_settings(wandb_log=False))
+    with pytest.raises(UserError) as e:
+        configurator.check(run_settings(wandb_log=True))
+    assert str(e.value) == ("--wandb_log=True needs the wandb package, which cannot be imported here "
+                            "(ModuleNotFoundError: import of wandb halted; None in sys.modules); pip install wandb, "
+                            "or drop --wandb_log.")
+
+
+def model_settings(**changes):
+    return {**{k: configurator.DEFAULTS[k] for k in configurator.keys_that('model')}, 'vocab_size': 65, **changes}
+
+
+MODEL_ACCEPTED = [dict(norm='layernorm'), dict(pos='learned'), dict(norm='layernorm', pos='learned'),
+                  dict(n_embd=6, n_head=2, pos='learned'),  # an odd head size: only RoPE needs it even
+                  dict(n_embd=8, n_head=2), dict(ffn_mult=1.0), dict(ffn_mult=0.5),
+                  dict(n_embd=64, n_head=2, ffn_mult=1 / 64),  # an FFN 1 unit wide
+                  dict(n_embd=64, n_head=2, ffn_mult=math.nextafter(2.0**57, 0)),  # just under 2**63 units
+                  dict(dropout=0.0), dict(dropout=BELOW_1), dict(moe_every=1, expert_hidden=0, n_expert=0),
+                  dict(n_expert=4, top_k=1), dict(n_expert=4, top_k=2), dict(n_expert=4, top_k=4),
+                  dict(n_expert=0, top_k=0)]  # top_k is a dense model's to ignore
+
+
+@pytest.mark.parametrize('changes', MODEL_ACCEPTED, ids=[repr(c) for c in MODEL_ACCEPTED])
+def test_the_edges_of_a_models_settings_are_accepted(changes):
+    c = configurator.model_config(model_settings(**changes))
+    assert {k: getattr(c, k) for k in changes} == changes
+
+
+FFN_WIDTH = "must be positive and give an FFN 1 to 2**63 - 1 units wide."
+MODEL_REFUSED = [
+    (dict(ffn='nope'), f"unknown ffn 'nope'; choose one of: {', '.join(VARIANTS)}."),
+    (dict(norm='batchnorm'), "--norm must be rmsnorm or layernorm, --pos rope or learned."),
+    (dict(pos='alibi'), "--norm must be rmsnorm or layernorm, --pos rope or learned."),
+    (dict(n_embd=64, n_head=3), "--n_embd=64 must be divisible by --n_head=3."),
+    (dict(n_embd=6, n_head=2), "RoPE needs an even head size, but n_embd/n_head = 6/2 = 3; change n_embd or n_head, "
+                               "or use --pos=learned."),
+    # a head size beyond a float's 53 bits: odd, though n_embd / n_head as a float is even
+    (dict(n_embd=2**60 + 2, n_head=2), f"RoPE needs an even head size, but n_embd/n_head = {2**60 + 2}/2 = "
+                                       f"{2**59 + 1}; change n_embd or n_head, or use --pos=learned."),
+    (dict(ffn_mult=0.0), f"--ffn_mult=0.0 {FFN_WIDTH}"), (dict(ffn_mult=-1.0), f"--ffn_mult=-1.0 {FFN_WIDTH}"),
+    (dict(ffn_mult=math.nan), f"--ffn_mult=nan {FFN_WIDTH}"),
+    (dict(n_embd=64, n_head=2, ffn_mult=0.5 / 64), f"--ffn_mult=0.0078125 {FFN_WIDTH}"),  # half a unit
+    (dict(n_embd=64, n_head=2, ffn_mult=2.0**57), f"--ffn_mult={2.0**57} {FFN_WIDTH}"),  # exactly 2**63 units
+    (dict(dropout=1.0), "--dropout=1.0 must be in [0, 1)."), (dict(dropout=1.5), "--dropout=1.5 must be in [0, 1)."),
+    (dict(dropout=-0.1), "--dropout=-0.1 must be in [0, 1)."),
+    *[({k: v}, "--n_expert and --expert_hidden must be >= 0 and --moe_every >= 1.")
+      for k, v in (('n_expert', -1), ('moe_every', 0), ('expert_hidden', -1))],
+    (dict(n_expert=4, top_k=0), "--top_k=0 must be between 1 and --n_expert=4."),
+    (dict(n_expert=4, top_k=5), "--top_k=5 must be between 1 and --n_expert=4."),
+]
+
+
+@pytest.mark.parametrize('changes, sentence', MODEL_REFUSED, ids=[repr(c) for c, _ in MODEL_REFUSED])
+def test_a_models_settings_beyond_an_edge_are_refused_in_a_sentence(changes, sentence):
+    with pytest.raises(UserError) as e:
+        configurator.model_config(model_settings(**changes))
+    assert str(e.value) == sentence
