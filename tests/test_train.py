@@ -371,18 +371,24 @@ def test_train_and_bench_set_up_the_hardware_only_through_device_setup(shakespea
             assert own not in source, (script, own)
 
 
-def test_device_setup_joins_torchrun_s_process_group(monkeypatch):
-    """Alone, a process computes on its device; under torchrun (RANK, LOCAL_RANK, WORLD_SIZE set) device.setup also
-    joins the process group, gloo on a CPU."""
+def as_torchrun_process(monkeypatch):
+    """This process as torchrun's only worker (rank 0 of 1, a free port for the group's rendezvous): device.setup then
+    joins a gloo process group."""
     import socket
-    import torch.distributed as dist
-    from machinery.device import Compute, setup
-    assert setup('cpu', 'auto') == Compute('cpu', 'float32', ddp=False, rank=0, local_rank=0, world_size=1)
-    with socket.socket() as s:  # a free port for the group's rendezvous
+    with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
     for key, value in dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, MASTER_ADDR='127.0.0.1', MASTER_PORT=port).items():
         monkeypatch.setenv(key, str(value))
+
+
+def test_device_setup_joins_torchrun_s_process_group(monkeypatch):
+    """Alone, a process computes on its device; under torchrun (RANK, LOCAL_RANK, WORLD_SIZE set) device.setup also
+    joins the process group, gloo on a CPU."""
+    import torch.distributed as dist
+    from machinery.device import Compute, setup
+    assert setup('cpu', 'auto') == Compute('cpu', 'float32', ddp=False, rank=0, local_rank=0, world_size=1)
+    as_torchrun_process(monkeypatch)
     try:
         assert setup('cpu', 'float32') == Compute('cpu', 'float32', ddp=True, rank=0, local_rank=0, world_size=1)
         assert dist.get_backend() == 'gloo' and dist.get_world_size() == 1
@@ -455,12 +461,7 @@ def test_evaluation_copies_nothing_to_the_device(shakespeare_char_dir, tmp_path,
 def test_ddp_does_not_broadcast_buffers_nothing_changes(shakespeare_char_dir, tmp_path, monkeypatch):
     """DDP's default re-sends every buffer from rank 0 before each forward; the model's only buffers are RoPE's
     tables, which training never changes."""
-    import socket
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    for key, value in dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, MASTER_ADDR='127.0.0.1', MASTER_PORT=port).items():
-        monkeypatch.setenv(key, str(value))
+    as_torchrun_process(monkeypatch)
     wrapped, DDP = [], train_py.DDP
     monkeypatch.setattr(train_py, 'DDP', lambda model, **kw: wrapped.append(DDP(model, **kw)) or wrapped[-1])
     train_here(shakespeare_char_dir, str(tmp_path / 'run'), '--max_iters=1', '--eval_interval=1')
@@ -473,13 +474,8 @@ def test_ddp_is_freed_before_its_process_group_is_destroyed(shakespeare_char_dir
     """DDP's reducer, freed after its gloo group is gone, aborts the process at exit now and then ('terminate called
     without an active exception', about one exit in four on a loaded 2-core machine): torchrun then fails a finished
     run. train.py frees it first."""
-    import socket
     import weakref
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    for key, value in dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, MASTER_ADDR='127.0.0.1', MASTER_PORT=port).items():
-        monkeypatch.setenv(key, str(value))
+    as_torchrun_process(monkeypatch)
     wrapped, alive_at_destroy, DDP, destroy = [], [], train_py.DDP, device.dist.destroy_process_group
     monkeypatch.setattr(train_py, 'DDP', lambda model, **kw: (m := DDP(model, **kw), wrapped.append(weakref.ref(m)))[0])
     monkeypatch.setattr(device.dist, 'destroy_process_group',
