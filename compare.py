@@ -24,7 +24,7 @@ import sys
 import time
 
 import configurator
-from configurator import TYPES, at_rate, check, keys_that, memory_needs, meta_model, scale_counts
+from configurator import TYPES, check, keys_that, memory_needs
 from comparison import acts, ladder, placement, plots, report, stats
 from machinery.cli import RunStopped, UserError, parse_args, raise_terminated, run_cli, split_arg, split_list
 from machinery.device import resolve_device, resolve_dtype
@@ -33,8 +33,9 @@ from machinery.files import check_writable, ctrl_c_held, remove_dead_temps, writ
 from machinery.lock import HELD, LOCK, LOCK_FD_ENV, try_lock_run_dir
 from machinery.progress import progress_bar
 from machinery.run_log import LOG, clear_diverged, parse_record
-from comparison.runs import (FINISHED, INTENT, TRAIN_OUT, check_variants, command_line, make_run, scan, tuning_key,
-                             variant_rates, variant_settings)
+from comparison.ladder import scale_counts
+from comparison.runs import (FINISHED, INTENT, TRAIN_OUT, at_rate, check_variants, command_line, make_run, meta_model,
+                             scan, tuning_key, variant_rates, variant_settings)
 
 COMPARE_DEFAULTS = dict(
     variants='gelu,swiglu',  # comma-separated ffn names (activations.VARIANTS); gelu@8e-3: a variant at its own rate

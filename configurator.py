@@ -8,14 +8,12 @@ import os
 from collections import namedtuple
 from decimal import Decimal
 
-import torch
-
 from activations import VARIANTS, check_variant, make_activations
 from machinery import device
 from machinery.checkpoint import CKPT, loading
 from machinery.cli import UserError, coerce
 from machinery.files import read_json
-from model import GPT, GPTConfig
+from model import GPTConfig
 
 Key = namedtuple('Key', 'default what type', defaults=('', None))  # type None: its default's
 M = GPTConfig()  # the model's keys are GPTConfig's fields, and keep its defaults
@@ -100,13 +98,6 @@ def keys_that(what):
 MAX_SEED = 2**31 - 1  # numpy seeds take 32 bits; DDP ranks add their rank to the seed
 
 
-def at_rate(settings, lr):
-    """The learning-rate settings of a run at peak rate lr instead of settings' own: min_lr keeps its ratio to it."""
-    return {'learning_rate': lr, 'min_lr': settings['min_lr'] * lr / settings['learning_rate'] if settings[
-        'learning_rate'] else settings['min_lr']}
-
-
-
 def model_config(settings):
     """The GPTConfig of a run's settings (a dict with every model key), checked here, where a person's settings arrive
     (model.py trusts its config): the UserError of its first bad value."""
@@ -137,13 +128,6 @@ def dataset_vocab(dataset, data_dir):
     """The vocab_size in a prepared dataset's meta.json; 0 where it cannot be read (the loader says why)."""
     vocab = (read_json(os.path.join(data_dir, dataset, 'meta.json')) or {}).get('vocab_size')
     return vocab if type(vocab) is int and vocab > 0 else 0
-
-
-def meta_model(settings, data_dir):
-    """A run's GPT on the meta device (shapes, no memory); vocab_size 0 is the dataset's (its meta.json)."""
-    with torch.device('meta'):
-        return GPT(model_config({**settings, 'vocab_size': settings['vocab_size'] or
-                                 dataset_vocab(settings['dataset'], data_dir)}))
 
 
 def min_params(c):
@@ -193,14 +177,6 @@ def check_memory(cfg, c, where=None):
                         f"{Decimal(min_params(c)):.3g} parameters (16 bytes each: fp32 weights, gradients and AdamW's "
                         f"two moments) and RoPE's tables, {gb(batch)} for a batch's logits and the validation windows; "
                         f"{holder} has {gb(have)}{' free' if free else ''}, so lower {lower}.")
-
-
-def scale_counts(model):
-    """The sizes a ladder is drawn against: N = non-embedding parameters (less the tied token embedding and any
-    position embedding, Kaplan et al. 2020), total and active (an MoE), and the model's training FLOPs per token."""
-    p = model.param_report()
-    return {'non_embedding': p['total'] - p['embedding'], 'non_embedding_active': p['active'] - p['embedding'],
-            'flops_per_token': model.flops_per_token()}
 
 
 def check(cfg):

@@ -41,6 +41,7 @@ from configurator import (DEFAULTS, TYPES, check, check_memory, model_args, mode
 from data.loader import open_loader
 from machinery import checkpoint as ckpt_io, device, speed, wandb_log
 from machinery.cli import UserError, parse_args, run_cli
+from machinery.files import ctrl_c_held, write_file
 from machinery.lock import lock_run_dir
 from machinery.progress import progress_bar
 from machinery.run_log import (LOG, Diverged, append_log, check_finite_losses, check_finite_weights, note_diverged,
@@ -276,7 +277,7 @@ def save_checkpoint(r, val_loss):
         states = [None] * r.hw.world_size
         dist.all_gather_object(states, mine)
     if r.master:
-        ckpt_io.write_checkpoint({
+        write_checkpoint({
             'model': ckpt_io.model_state(r.raw_model.state_dict()), 'optimizer': r.optimizer.state_dict(),
             'scaler': r.scaler.state_dict() if r.scaler.is_enabled() else None, 'model_args': r.model_args,
             'config': r.cfg, 'meta': r.loader.meta,  # meta: the tokenizer, to sample
@@ -284,8 +285,21 @@ def save_checkpoint(r, val_loss):
             'train_time': r.train_time, 'world_size': r.hw.world_size,
             'compiled': r.compiled,  # whether its times are compiled or eager times
             'rng': [s['rng'] for s in states], 'loader': [s['loader'] for s in states], 'log_lines': r.log_lines,
-        }, r.out_dir)
+        }, r.ckpt_path)
     r.saved_iter = r.iter_num
+
+
+def write_checkpoint(ckpt, path):
+    """torch.save(ckpt) as path, atomically (files.write_file: a failed write leaves the previous file whole), with a
+    Ctrl-C waiting for it."""
+    def save(f):
+        try:
+            torch.save(ckpt, f)
+        except RuntimeError as e:  # torch's writer reports a failed write (a full disk) as a RuntimeError
+            raise OSError(getattr(e.__context__, 'errno', None), getattr(e.__context__, 'strerror', None) or
+                          'the write failed, e.g. the disk is full') from None
+    with ctrl_c_held():
+        write_file(path, save, binary=True)
 
 
 def train(r):

@@ -17,8 +17,8 @@ import torch
 from activations import make_activations
 from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint, loading
 from machinery.cli import UserError
-from comparison.plots import figure, palette
-from machinery.files import save_figure, write_json
+from comparison.plots import figure, palette, save_figure
+from machinery.files import write_json
 from machinery.run_log import LOG, read_log_lines
 from model import GPT, GPTConfig, MoE
 

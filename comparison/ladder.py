@@ -4,8 +4,8 @@ import math
 import os
 import sys
 
-from configurator import at_rate, meta_model, scale_counts
 from comparison import stats
+from comparison.runs import at_rate, meta_model
 from machinery.cli import UserError, split_list
 from machinery.files import write_text
 from comparison.report import fmt, fmt_count, fmt_loss, seed_gaps, time_verdict
@@ -14,6 +14,14 @@ BOOTSTRAP_MIN_SEEDS = 5  # fewer values have too few distinct resamples for a pe
 EXTRAPOLATE = 10  # the compute multiplier is also given at this many times the largest size's compute
 HEAD_SIZE = 32  # the head size n_head is chosen for when a size does not name it (kept within 16-64 and even)
 MAX_ITERS = 10**8  # a budget past this is a mistake (a typo in --tokens_per_param), not a plan
+
+
+def scale_counts(model):
+    """The sizes a ladder is drawn against: N = non-embedding parameters (less the tied token embedding and any
+    position embedding, Kaplan et al. 2020), total and active (an MoE), and the model's training FLOPs per token."""
+    p = model.param_report()
+    return {'non_embedding': p['total'] - p['embedding'], 'non_embedding_active': p['active'] - p['embedding'],
+            'flops_per_token': model.flops_per_token()}
 
 
 def pick_heads(n_embd):

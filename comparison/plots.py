@@ -1,10 +1,15 @@
 """The pictures of a comparison, drawn from its summary: loss.png, lr.png, ladder.png (acts.png: acts.py); and the
-figure and colours every picture is drawn with."""
+figure and colours every picture is drawn with, and its safe save."""
 import textwrap
 
 import numpy as np
 
-from machinery.files import save_figure
+from machinery.files import write_file
+
+
+def save_figure(fig, path):
+    """A matplotlib figure as a PNG, atomically (a full disk must not truncate the previous picture)."""
+    write_file(path, lambda f: fig.savefig(f, format='png', dpi=fig.dpi), binary=True)
 
 
 def figure(nrows, ncols, width, row_height, title='', **kw):

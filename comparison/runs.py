@@ -13,12 +13,15 @@ import os
 import sys
 from dataclasses import dataclass
 
+import torch
+
 from activations import VARIANTS, check_variant
-from configurator import DEFAULTS, at_rate, keys_that
+from configurator import DEFAULTS, dataset_vocab, keys_that, model_config
 from machinery.checkpoint import CKPT, load_checkpoint
-from machinery.cli import UserError, parse_args, split_list, to_argv
-from machinery.files import reading, remove_dead_temps
+from machinery.cli import UserError, parse_args, reading, split_list
+from machinery.files import remove_dead_temps
 from machinery.run_log import DIVERGED, LOG, read_log_lines
+from model import GPT
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')  # the repo's
 INTENT = 'compare.json'  # what compare.py meant a run to be as it started or listed it: its settings
@@ -29,6 +32,19 @@ FINISHED = ('done', 'diverged')  # states that are results: reused, never traine
 def identity(settings, processes):
     """What a run is: its 'id' settings (train.py's defaults filling what it did not set) and processes."""
     return {**{k: settings.get(k, DEFAULTS[k]) for k in keys_that('id')}, 'processes': processes}
+
+
+def at_rate(settings, lr):
+    """The learning-rate settings of a run at peak rate lr instead of settings' own: min_lr keeps its ratio to it."""
+    return {'learning_rate': lr, 'min_lr': settings['min_lr'] * lr / settings['learning_rate'] if settings[
+        'learning_rate'] else settings['min_lr']}
+
+
+def meta_model(settings, data_dir):
+    """A run's GPT on the meta device (shapes, no memory); vocab_size 0 is the dataset's (its meta.json)."""
+    with torch.device('meta'):
+        return GPT(model_config({**settings, 'vocab_size': settings['vocab_size'] or
+                                 dataset_vocab(settings['dataset'], data_dir)}))
 
 
 def tuning_key(cfg):
@@ -185,3 +201,10 @@ def command_line(spec, mode):
     n = spec['processes']
     launch = [sys.executable] + (['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={n}'] if n > 1 else [])
     return launch + [TRAIN_PY] + to_argv(settings)
+
+
+def to_argv(settings):
+    """Settings as --key=value arguments that cli.parse_args reads back as the same values: the one way a settings dict
+    becomes a command line."""
+    text = lambda v: 'auto' if v is None else v if isinstance(v, str) else repr(v)
+    return [f'--{k}={text(v)}' for k, v in settings.items()]

@@ -1,7 +1,7 @@
 """
 A run's checkpoint, ckpt.pt: everything an exact continuation needs (weights, optimizer, every process's RNG and data
-stream), written by train.py at an evaluation and read back by a resume, sample.py, inspect_run.py and a comparison,
-each through load_checkpoint.
+stream), written by train.py at an evaluation (save_checkpoint) and read back by a resume, sample.py, inspect_run.py
+and a comparison, each through load_checkpoint.
 
 A checkpoint holds tensors and plain Python values only, so torch.load(weights_only=True) reads it without running code.
 What train.py wrote is trusted, but caught: its contents are used only inside `loading`, where each state's owner checks
@@ -15,16 +15,15 @@ import random
 import numpy as np
 import torch
 
-from machinery import files
-from machinery.cli import UserError
+from machinery.cli import UserError, reading
 
 CKPT = 'ckpt.pt'
 HINT = 'train the run again, or point --out_dir at the right run directory'
 
 
 def loading(path, hint=HINT):
-    """The block that uses a checkpoint's contents: any failure there is one sentence naming path (files.reading)."""
-    return files.reading(path, hint)
+    """The block that uses a checkpoint's contents: any failure there is one sentence naming path (cli.reading)."""
+    return reading(path, hint)
 
 
 def load_checkpoint(out_dir, missing_hint, mmap=False, hint=HINT):
@@ -58,19 +57,6 @@ def set_rng_state(state, device_type):
     torch.set_rng_state(state['torch'])
     if device_type == 'cuda' and 'cuda' in state:
         torch.cuda.set_rng_state(state['cuda'])
-
-
-def write_checkpoint(ckpt, out_dir):
-    with files.ctrl_c_held():
-        files.write_file(os.path.join(out_dir, CKPT), lambda f: _torch_save(ckpt, f), binary=True)
-
-
-def _torch_save(obj, f):
-    try:
-        torch.save(obj, f)
-    except RuntimeError as e:  # torch.save's writer reports a failed write (a full disk) as a RuntimeError
-        raise OSError(getattr(e.__context__, 'errno', None), getattr(e.__context__, 'strerror', None) or
-                      'the write failed, e.g. the disk is full') from None
 
 
 def model_state(state_dict):

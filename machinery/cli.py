@@ -12,6 +12,7 @@ key True/False (--key alone means True), a str key the text as written (no NUL c
 A key whose default is None means "auto" and also takes the word auto.
 
 A mistake raises UserError with one sentence; run_cli(main) prints it on stderr and exits with status 2, no traceback.
+A file nanoFFN wrote itself is trusted where it is used, and any failure to use it becomes such a sentence (reading).
 A run that has to stop raises RunStopped (exit status 3); Ctrl-C exits with 130, also while a command imports torch
 (quiet_interrupt), and SIGTERM where a command stops on it as on Ctrl-C (raise_terminated) with 143. Only the standard
 library is imported here, so that a command can call it first.
@@ -22,6 +23,7 @@ import os
 import signal
 import sys
 import textwrap
+from contextlib import contextmanager
 
 
 class UserError(Exception):
@@ -104,6 +106,20 @@ def read_text(path, what, example):
         raise UserError(f"{what} '{path}' cannot be read ({e.strerror}).") from None
 
 
+@contextmanager
+def reading(path, hint):
+    """Where a file nanoFFN wrote itself is used: it is trusted, and any failure to use it (its owners' own checks as
+    they load it, or an exception deeper in) becomes one sentence naming the file, and hint, what to do. A UserError
+    there is a sentence already (e.g. a resume on another number of processes)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        why = ' '.join(f"{type(e).__name__}: {e}".split()).rstrip('.')
+        raise UserError(f"cannot use {path} ({why[:200]}), so it is damaged or not written by nanoFFN; {hint}.") from None
+
+
 def _run_config_file(path, config, defaults, types, given):
     source = read_text(path, 'config file', 'config/shakespeare_char.py')
     scope = {**config, '__builtins__': __builtins__, '__file__': os.path.abspath(path)}  # a file may build on another
@@ -168,13 +184,6 @@ def split_arg(arg):
     """'--key=value' -> (key, '=', value), a '-' in key read as '_' (--n-layer): every override is split here."""
     key, equals, text = arg[2:].partition('=')
     return key.replace('-', '_'), equals, text
-
-
-def to_argv(settings):
-    """Settings as --key=value arguments that parse_args reads back as the same values: the one way a settings dict
-    becomes a command line."""
-    text = lambda v: 'auto' if v is None else v if isinstance(v, str) else repr(v)
-    return [f'--{k}={text(v)}' for k, v in settings.items()]
 
 
 def split_list(text):

@@ -5,7 +5,6 @@ Where a command computes, in one place: its device, precision and CPU threads, a
 import gc
 import os
 import platform
-import sys
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 

@@ -1,5 +1,5 @@
 """
-Writing files so that a failure loses nothing, and reading what nanoFFN wrote.
+Writing files so that a failure loses nothing, and clearing what a killed write left.
 
 Every file is written into a temporary file beside its place, synced and renamed over it, so a kill, a full disk or a
 read-only folder leaves what was there before intact and no temporary file behind; a failure to write stops the
@@ -8,7 +8,6 @@ command with one sentence (RunStopped, exit status 3). Appending (log.jsonl, run
 import json
 import os
 import signal
-import sys
 import tempfile
 from contextlib import contextmanager, suppress
 
@@ -73,11 +72,6 @@ def write_json(path, obj):
     write_file(path, lambda f: f.write(json.dumps(obj, indent=1) + '\n'))
 
 
-def save_figure(fig, path):
-    """A matplotlib figure as a PNG, atomically (a full disk must not truncate the previous picture)."""
-    write_file(path, lambda f: fig.savefig(f, format='png', dpi=fig.dpi), binary=True)
-
-
 @contextmanager
 def ctrl_c_held():
     """Within it, a Ctrl-C (SIGINT) waits: raised as KeyboardInterrupt once the block is done."""
@@ -91,10 +85,6 @@ def ctrl_c_held():
             raise KeyboardInterrupt
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# reading
-
-
 def read_json(path):
     """A JSON object from a file, or None if it is missing, not JSON or not an object."""
     try:
@@ -103,20 +93,6 @@ def read_json(path):
     except (OSError, ValueError):
         return None
     return obj if isinstance(obj, dict) else None
-
-
-@contextmanager
-def reading(path, hint):
-    """Where a file nanoFFN wrote itself is used: it is trusted, and any failure to use it (its owners' own checks as
-    they load it, or an exception deeper in) becomes one sentence naming the file, and hint, what to do. A UserError
-    there is a sentence already (e.g. a resume on another number of processes)."""
-    try:
-        yield
-    except UserError:
-        raise
-    except Exception as e:
-        why = ' '.join(f"{type(e).__name__}: {e}".split()).rstrip('.')
-        raise UserError(f"cannot use {path} ({why[:200]}), so it is damaged or not written by nanoFFN; {hint}.") from None
 
 
 def remove_dead_temps(folder):

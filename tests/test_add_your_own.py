@@ -26,7 +26,7 @@ from comparison import acts  # noqa: E402
 import test_activations as T  # noqa: E402
 import test_model  # noqa: E402
 import train  # noqa: E402
-from machinery.cli import to_argv  # noqa: E402
+from comparison.runs import to_argv  # noqa: E402
 from model import GPTConfig  # noqa: E402
 
 README = (T.ROOT / "README.md").read_text(encoding="utf-8")

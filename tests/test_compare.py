@@ -25,7 +25,6 @@ sys.path.insert(0, REPO)
 
 from test_hostile import call
 import compare
-import configurator
 from machinery import files, run_log
 from comparison import report, runs
 from machinery.cli import RunStopped, UserError, run_cli
@@ -453,7 +452,7 @@ def test_a_variant_carries_model_settings_of_its_own(tmp_path):
     assert order2['settings']['ffn'] == 'polyrelu' and order2['dir'] == os.path.join(str(tmp_path), 'polyrelu:poly_order=2',
                                                                                      f"seed{cfg['seed']}")
     assert runs.identity(order2['settings'], 1) != runs.identity(default['settings'], 1)
-    extras = [configurator.meta_model({**s['settings'], 'vocab_size': 65}, '').param_report()['extras']
+    extras = [runs.meta_model({**s['settings'], 'vocab_size': 65}, '').param_report()['extras']
               for s in (default, order2)]
     assert extras[0] - extras[1] == cfg['n_layer']  # one coefficient fewer per layer
     for bad, words in [('polyrelu:order=2', "unknown config key 'order'"), ('polyrelu:poly_order=x', 'expects an int'),
@@ -578,15 +577,16 @@ def test_a_shared_rate_of_0_plans_untuned_runs(shakespeare_char_dir, tmp_path):
 KILLED_TRAIN = """
 import os, runpy, signal, sys
 sys.path.insert(0, {repo!r})
-from machinery import checkpoint
-write = checkpoint.write_checkpoint
-def killed(ckpt, out_dir):
+import torch
+save = torch.save
+def killed(ckpt, f):  # half of the last checkpoint is in its temporary file when the process dies
     cfg = ckpt['config']
     if ckpt['iter_num'] == cfg['max_iters'] and (cfg['ffn'], cfg['seed']) == {run!r}:
-        open(os.path.join(out_dir, f'.ckpt.pt.tmp{{os.getpid()}}'), 'wb').write(b'half')
+        f.write(b'half')
+        f.flush()
         os.kill(os.getpid(), signal.SIGKILL)
-    write(ckpt, out_dir)
-checkpoint.write_checkpoint = killed
+    save(ckpt, f)
+torch.save = killed
 sys.argv[0] = {train!r}
 runpy.run_path({train!r}, run_name='__main__')
 """

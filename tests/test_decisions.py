@@ -151,7 +151,7 @@ def test_the_fingerprint_of_tuned_rates_changes_with_every_setting_they_were_tun
     here = runs.tuning_key(cfg)
     assert len(here) == 12 and int(here, 16) >= 0
     if key == 'learning_rate':
-        assert runs.tuning_key({**cfg, **configurator.at_rate(cfg, 3 * cfg[key])}) == here
+        assert runs.tuning_key({**cfg, **runs.at_rate(cfg, 3 * cfg[key])}) == here
     changed = runs.tuning_key({**cfg, key: another(cfg[key])}) != here
     assert changed == (key in TUNED or key in ('nproc_per_run', 'learning_rate', 'min_lr'))
 
@@ -235,7 +235,7 @@ def test_a_run_at_a_rate_is_named_by_it_and_one_at_the_shared_rate_keeps_the_set
     assert at['settings']['learning_rate'] == 4e-3 and at['settings']['min_lr'] == pytest.approx(1e-3)
     assert at['dir'] == os.path.join('o', 'gelu', 'lr0.004', 'seed7') and at['processes'] == 2
     assert at['name'] == 'gelu seed 7 lr 0.004'
-    assert configurator.at_rate({'learning_rate': 0.0, 'min_lr': 1e-4}, 4e-3) == {'learning_rate': 4e-3, 'min_lr': 1e-4}
+    assert runs.at_rate({'learning_rate': 0.0, 'min_lr': 1e-4}, 4e-3) == {'learning_rate': 4e-3, 'min_lr': 1e-4}
     tracked = runs.make_run({**cfg, 'wandb_log': True, 'wandb_tags': 'a,b'}, 'gelu', 7, 4e-3)['settings']
     assert (tracked['wandb_group'], tracked['wandb_run_name'], tracked['wandb_tags']) == (
         'o', 'gelu-seed7-lr0.004', 'a,b,gelu,seed7')
@@ -421,9 +421,9 @@ def test_the_memory_a_run_is_placed_by_is_its_estimated_peak_not_its_weights(fak
            'block_size': 512, 'dtype': 'float32', 'vocab_size': 65}
     plans = [types.SimpleNamespace(**runs.make_run(cfg, v, 1)) for v in ('gelu', 'swiglu')]
     step, need = compare.run_size(cfg, plans)
-    sizes = [configurator.memory_needs(p.settings, configurator.meta_model(p.settings, 'data').config) for p in plans]
+    sizes = [configurator.memory_needs(p.settings, runs.meta_model(p.settings, 'data').config) for p in plans]
     assert need == max(s[2] for s in sizes) and need > 4 * max(s[0] + s[1] for s in sizes)
-    assert step == max(configurator.meta_model(p.settings, 'data').flops_per_token() for p in plans) * 32 * 512
+    assert step == max(runs.meta_model(p.settings, 'data').flops_per_token() for p in plans) * 32 * 512
     fake_gpu(n=2, total_gib=(need + placement.CONTEXT_BYTES) * 6.5 / 0.9 / 2**30)
     cores(64)
     assert placement.resolve_jobs(cfg, 99, 1, need)[1] == 12

@@ -19,6 +19,7 @@ import bench  # noqa: E402
 import compare  # noqa: E402
 import configurator  # noqa: E402
 from activations import VARIANTS  # noqa: E402
+from comparison.runs import meta_model  # noqa: E402
 from data.shards import write_shard  # noqa: E402
 from machinery import device, speed  # noqa: E402
 from machinery.cli import UserError  # noqa: E402
@@ -247,7 +248,7 @@ def test_sharing_a_gpu_tests_a_micro_steps_flops_and_counts_each_runs_cuda_conte
     assert placement.resolve_jobs(cfg, 99, 1e11, 1.5 * 2**30)[1] == 4  # 2 GiB each: 4, where 1.5 GiB alone fits 6
     cfg = compare.settings([*TINY, '--gradient_accumulation_steps=1000', f'--data_dir={data_dir}', '--device=cuda'])
     runs = compare.grid_runs(cfg, compare.check_comparison(cfg))
-    per_micro_step = max(configurator.meta_model(r.settings, data_dir).flops_per_token() * 4 * 32 for r in runs)
+    per_micro_step = max(meta_model(r.settings, data_dir).flops_per_token() * 4 * 32 for r in runs)
     assert compare.run_size(cfg, runs)[0] == per_micro_step  # batch 4 x 32 tokens, whatever the accumulation
 
 

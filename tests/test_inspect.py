@@ -25,8 +25,8 @@ import inspect_run
 from comparison.acts import inspect
 import train
 from data.loader import DataLoader
-from machinery.checkpoint import write_checkpoint
-from machinery.cli import run_cli, to_argv
+from machinery.cli import run_cli
+from comparison.runs import to_argv
 from model import GPT, GPTConfig
 
 
@@ -137,13 +137,14 @@ def untrained_run(run_dir, data_dir, **model_args):
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=65, **model_args)
     os.makedirs(run_dir)
     model = GPT(config)
-    write_checkpoint({'model': model.state_dict(), 'model_args': asdict(config), 'iter_num': 0,
-                     'config': {'dataset': 'shakespeare_char', 'block_size': 32, 'batch_size': 4, 'seed': 1,
-                                'data_dir': data_dir}, 'meta': {'vocab_size': 65},
-                     'optimizer': model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu').state_dict(),
-                     'best_val_loss': float('inf'), 'tokens': 0, 'train_time': 0.0, 'world_size': 1,
-                     'rng': [checkpoint.rng_state('cpu')],
-                     'loader': [DataLoader('shakespeare_char', 32, 4, 1, data_dir=data_dir).state_dict()]}, run_dir)
+    train.write_checkpoint({'model': model.state_dict(), 'model_args': asdict(config), 'iter_num': 0,
+                           'config': {'dataset': 'shakespeare_char', 'block_size': 32, 'batch_size': 4, 'seed': 1,
+                                      'data_dir': data_dir}, 'meta': {'vocab_size': 65},
+                           'optimizer': model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu').state_dict(),
+                           'best_val_loss': float('inf'), 'tokens': 0, 'train_time': 0.0, 'world_size': 1,
+                           'rng': [checkpoint.rng_state('cpu')],
+                           'loader': [DataLoader('shakespeare_char', 32, 4, 1, data_dir=data_dir).state_dict()]},
+                           os.path.join(run_dir, 'ckpt.pt'))
     return run_dir
 
 

@@ -13,8 +13,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import compare
-import configurator
-from comparison import ladder
+from comparison import ladder, runs
 from machinery.cli import UserError
 from model import GPT, GPTConfig
 
@@ -45,7 +44,7 @@ def test_size_settings_token_budget_and_learning_rate_rules(shakespeare_char_dir
                tokens_per_param=20.0, batch_size=8, block_size=32, gradient_accumulation_steps=2, max_iters=100,
                warmup_iters=10, lr_decay_iters=100, eval_interval=25, lr_rule='width', learning_rate=1e-3, min_lr=1e-4)
     first, size = ladder.size_settings(cfg, 'gelu')
-    n = configurator.scale_counts(configurator.meta_model({**cfg, 'n_layer': 3, 'n_embd': 128, 'n_head': 4, 'vocab_size': 84},
+    n = ladder.scale_counts(runs.meta_model({**cfg, 'n_layer': 3, 'n_embd': 128, 'n_head': 4, 'vocab_size': 84},
                                               shakespeare_char_dir))['non_embedding']
     s = size['settings']
     assert s['max_iters'] == math.ceil(20 * n / 512)  # 20 tokens per parameter, 512 tokens per iteration
@@ -74,7 +73,7 @@ def test_size_settings_token_budget_and_learning_rate_rules(shakespeare_char_dir
 def test_flops_axis_is_the_models_count_and_n_excludes_embeddings(moe):
     extra = dict(n_expert=4, top_k=1, pos='learned') if moe else {}
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=65, **extra))
-    counts = configurator.scale_counts(model)
+    counts = ladder.scale_counts(model)
     # PaLM's count, written out here: 6 x active parameters less the position embedding, + 12 L d T attention
     active = model.param_report()['active'] - (model.transformer.wpe.weight.numel() if moe else 0)
     assert counts['flops_per_token'] == 6 * active + 12 * 2 * 32 * 16

@@ -232,7 +232,6 @@ def test_ddp_matches_gradient_accumulation(shakespeare_char_dir, tmp_path):
 # check 4: a kill during the checkpoint write leaves the previous checkpoint loadable
 
 def test_killed_checkpoint_write_keeps_previous(tiny_run, monkeypatch):
-    from machinery import checkpoint
     _, out = tiny_run
     path = os.path.join(out, 'ckpt.pt')
     before = open(path, 'rb').read()
@@ -247,7 +246,7 @@ def test_killed_checkpoint_write_keeps_previous(tiny_run, monkeypatch):
 
     monkeypatch.setattr(torch, 'save', dying_save)
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.write_checkpoint({**ckpt, 'iter_num': 999}, out)
+        train_py.write_checkpoint({**ckpt, 'iter_num': 999}, path)
     monkeypatch.undo()
     assert open(path, 'rb').read() == before
     assert torch.load(path, weights_only=True)['iter_num'] == 4

@@ -27,7 +27,8 @@ import inspect_run  # noqa: E402
 import train  # noqa: E402
 from comparison import runs  # noqa: E402
 from machinery import files as file_safety, run_log  # noqa: E402
-from machinery.cli import run_cli, to_argv  # noqa: E402
+from machinery.cli import run_cli  # noqa: E402
+from comparison.runs import to_argv  # noqa: E402
 
 
 def grid_specs(cfg):
