@@ -1,5 +1,6 @@
 """
-Writing files so that a failure loses nothing, and clearing what a killed write left.
+Writing files so that a failure loses nothing, reading a JSON object back (read_json), and clearing what a killed
+write left.
 
 Every file is written into a temporary file beside its place, synced and renamed over it, so a kill, a full disk or a
 read-only folder leaves what was there before intact and no temporary file behind; a failure to write stops the
@@ -12,10 +13,6 @@ import tempfile
 from contextlib import contextmanager, suppress
 
 from machinery.cli import RunStopped, UserError
-
-# ----------------------------------------------------------------------------------------------------------------------
-# writing
-
 
 def write_failed(path, e):
     """The one-sentence stop of a write that failed."""
