@@ -467,7 +467,6 @@ def test_a_named_gpu_and_a_cpu_place_nothing(fake_gpu, cores):
     assert placement.resolve_jobs({**compare.DEFAULTS, 'device': 'cpu', 'jobs': 3}, 2, SMALL_STEP, 1)[1] == 3
 
 
-
 @pytest.mark.parametrize('n_gpus', range(1, 9))
 def test_runs_per_gpu_are_whole_runs_of_a_core_each_at_least(fake_gpu, cores, n_gpus):
     """A core per GPU: no sharing, a GPU each. 2n + 1 cores on n GPUs: (2n + 1) // n whole runs per GPU (an int; on
