@@ -40,7 +40,7 @@ BENCH_DEFAULTS = dict(
     variants="all",  # comma-separated FFN variants, or 'all'; gelu / swiglu are added as baselines
     compile="both",  # True | False | both (eager, then compiled)
     device="auto",  # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
-    dtype="auto",  # auto (bfloat16 on a GPU that has it, else float32) | float32 | bfloat16
+    dtype="auto",  # auto (train.py's: bfloat16 on a GPU that runs it natively, float32 on a CPU) | float32 | bfloat16
     batch_size=8,
     warmup=3,  # untimed steps per variant first (the first of them compiles)
     repeats=30,  # timed steps per variant, interleaved round-robin across the variants
@@ -88,8 +88,6 @@ def setup(cfg):
     # bench measures CPUs and CUDA GPUs, not Apple's MPS
     if cfg["device"] == "mps":
         raise UserError("--device expects auto, cpu, cuda or cuda:N (bench.py does not measure MPS), got 'mps'.")
-    if cfg["dtype"] == "float16":  # would need a GradScaler: not worth it for a benchmark
-        raise UserError("--dtype expects auto, float32 or bfloat16 (float16 is not benchmarked), got 'float16'.")
     # warmup: the first step compiles and allocates, never timed; vocab_size: bench has no dataset to take one from
     for key in ("repeats", "profile_steps", "warmup", "vocab_size"):
         if cfg[key] < 1:
@@ -103,6 +101,9 @@ def setup(cfg):
     if cfg["threads"] > 0:  # before compiling: Inductor's C++ kernels take their OpenMP thread count then
         torch.set_num_threads(cfg["threads"])
     compute = device.setup(cfg["device"], cfg["dtype"], mps=False)  # train.py's set-up; auto never picks MPS
+    if compute.dtype == "float16":  # float16 trains with a loss scaler, which bench's step leaves out
+        raise UserError(f"bench.py measures float32 and bfloat16, not float16 (--dtype={cfg['dtype']} on "
+                        f"{compute.device}); pass --dtype=float32.")
     # every variant recompiles the same GPT.forward frame: past Dynamo's limit (8) it would silently run eager
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # torch < 2.7
     setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 4 * len(variants)))

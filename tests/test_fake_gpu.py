@@ -305,6 +305,20 @@ def test_bench_sets_up_the_first_gpu_with_bfloat16(fake_gpu):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize('dtype', ['auto', 'float16'])
+def test_bench_refuses_float16_also_where_auto_chooses_it(fake_gpu, dtype):
+    """On a T4, dtype=auto is float16, which needs the loss scaler bench's step leaves out: refused as plainly as
+    --dtype=float16."""
+    fake_gpu(name='Tesla T4', capability=(7, 5))
+    cfg, _ = bench.parse_args(bench.DEFAULTS, ['--variants=gelu', f'--dtype={dtype}'])
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(UserError, match=rf"not float16 \(--dtype={dtype} on cuda:0\); pass --dtype=float32\."):
+            bench.setup(cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # DDP's teardown
 
