@@ -337,7 +337,7 @@ class Variant:
         return self.kind == "glu"
 
 
-# What each kind is compared with (compare.py's default baseline, bench.py's ratios); la_init='onehot' (the default)
+# What each kind is measured against (bench.py's ratios); la_init='onehot' (the default)
 # starts LA/MoA exactly as it: GELU for mlp, SwiGLU (silu gate ⊙ identity up) for glu. onehot won an init ablation
 # against mean and sum on the bundled corpus (BENCHMARKS.md).
 BASELINE = {"mlp": "gelu", "glu": "swiglu"}

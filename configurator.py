@@ -222,7 +222,7 @@ def check(cfg):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# a run's settings and model from its checkpoint (read by machinery/checkpoint.py)
+# a resumed run's settings and model keys, from its checkpoint (machinery/checkpoint.py reads it)
 
 
 def damage_if_refused(read):

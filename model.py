@@ -360,7 +360,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def learned(self, idx):
         """What every layer's FFN learned, from one no-grad pass over idx in eval mode: per layer {'act': ..., 'act_up':
-        ..., 'moe': ...}, each part the activation's own report (activations.py, "What an activation learned") or an
+        ..., 'moe': ...}, each part the activation's own report (its `learned`, activations.Activation) or an
         MoE's expert load, empty parts left out. JSON-able; a fixed activation's layers are empty dicts."""
         return {"layers": [block.ffn.learned(x) for block, x in zip(self.transformer.h, self.ffn_inputs(idx))]}
 

@@ -13,7 +13,7 @@ Worth knowing:
 - batch_size and gradient_accumulation_steps are per process (unlike nanoGPT's): an iteration is batch_size *
   block_size * gradient_accumulation_steps * processes tokens.
 - log.jsonl holds a record per logged iteration (`iter`: optimizer steps done); evaluation lines add the validation
-  loss and its two halves, and what the activations learned (machinery/run_log.py). A checkpoint at iteration k
+  loss and its two halves, and what the activations learned (log_record, add_evaluation). A checkpoint at iteration k
   follows line k, and a resumed run drops the lines past its checkpoint.
 - init_from=resume takes the settings saved in out_dir/ckpt.pt with only what you pass on top; the model keys and
   the data stream (dataset, batch_size, block_size, seed) cannot change. One run per out_dir (a lock). A resume is

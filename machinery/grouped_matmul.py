@@ -45,7 +45,8 @@ def expert_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Ten
     """Rows of `a` sorted by expert (group e = rows offs[e-1]:offs[e]) times that expert's w[e] (E, in, out)."""
     if _grouped_mm_ok(a, w):
         return GROUPED_MM(a, w, offs=offs)
-    return torch.cat([ae @ we for ae, we in zip(a.split(_group_sizes(offs)), w.unbind(0))])  # fallback loop
+    # no one grouped kernel here: an expert at a time (reading the group sizes costs a host sync)
+    return torch.cat([ae @ we for ae, we in zip(a.split(_group_sizes(offs)), w.unbind(0))])
 
 
 @torch.library.custom_op("nanoffn::expert_mm_weight_grad", mutates_args=())
