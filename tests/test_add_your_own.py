@@ -1,7 +1,8 @@
 """README's "Add your own activation", done programmatically: the lines of its three recipes (a fixed activation that is
 also a dictionary entry, a gated one and a learned one) are read from README.md and added to a temporary copy of the
 registry, the test references and README's table, in several positions, without editing any file. Then: every check
-passes and every registry-derived test of the model and the MoE runs them; without any one of the lines a check fails
+passes and every registry-derived test of the model and the MoE runs them, the learned one keeping only its inputs for
+backward and following an edit of its formula as every learned variant does; without any one of the lines a check fails
 with the sentence that names it; a record that computes another formula than its reference fails; and the guide's
 commands train them and report what they learned in the log, the summary and the pictures."""
 import contextlib
@@ -50,10 +51,9 @@ NEW_VARIANTS = [name for name, _ in ROWS]
 
 def guide_entries(name):
     """The guide's entries of the list `name`, evaluated in the namespace of the file they go in, as it stands now."""
-    if name in ("BASIS", "VARIANTS"):
-        namespace = dict(vars(A))
-        exec(PIECES["activations.py", "above VARIANTS"], namespace)  # SwishBeta, as if written in activations.py
-        return eval("{" + PIECES["activations.py", name] + "}", namespace)
+    if name in ("BASIS", "VARIANTS"):  # swish_beta_formula and SwishBeta written into activations (`added` removes them)
+        exec(PIECES["activations.py", "above VARIANTS"], vars(A))
+        return eval("{" + PIECES["activations.py", name] + "}", vars(A))
     return eval("{" + PIECES["tests/test_activations.py", name] + "}", dict(vars(T)))
 
 
@@ -72,7 +72,7 @@ def added(request):
     """(README with the guide's rows in its table, {list: the guide's entries}), every list holding the guide's entries
     at one position (the table among its kind) until the test ends. A list that holds a guide's name already (its
     reader followed the guide) is taken as it was before."""
-    saved, new = {name: dict(d) for name, d in LISTS.items()}, {}
+    saved, new, names = {name: dict(d) for name, d in LISTS.items()}, {}, set(vars(A))
     try:
         for name, d in LISTS.items():  # in this order, so that each record finds the entries it names
             new[name] = guide_entries(name)
@@ -87,6 +87,8 @@ def added(request):
         for name, d in LISTS.items():
             d.clear()
             d.update(saved[name])
+        for name in set(vars(A)) - names:
+            delattr(A, name)
 
 
 ONE_POSITION = pytest.mark.parametrize("added", ["middle"], indirect=True)  # for tests that no position concerns
@@ -124,6 +126,15 @@ def test_the_registry_derived_model_tests_pass_for_the_new_variants(added):
         test_moe.test_moe_equals_naive_token_loop(variant, 2)
     report = test_model.GPT(GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=84, ffn="swish_beta")).param_report()
     assert report["extras"] == 2  # one β per layer
+
+
+@ONE_POSITION
+def test_the_new_learned_activation_keeps_only_its_inputs_and_runs_its_formula(added, monkeypatch):
+    """The checks every learned variant of the registry passes: no more memory for backward than its baseline, and a
+    CPU run that follows an edit of its formula."""
+    for variant in [n for n, v in added[1]["VARIANTS"].items() if v.extras(GPTConfig(ffn=n)) > 0]:
+        T.test_learned_variants_keep_no_more_for_backward_than_their_baseline(variant)
+        T.check_a_run_follows_an_edit_of_its_formula(variant, False, monkeypatch)
 
 
 def test_a_new_dictionary_entry_is_mixed_and_passes_gradcheck(added):
