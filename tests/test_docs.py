@@ -114,6 +114,17 @@ def test_the_claims_table_is_the_shipped_ablations():
         assert (found.strip('*'), resolved, agrees) == claim_verdict(predicts, summary, compared), claim
 
 
+def test_every_link_of_the_markdown_files_leads_to_a_file_of_the_repository():
+    """README, BENCHMARKS, data/README and the shipped summaries: a relative link or picture names a file that is
+    there (a summary copied into results/ brings its pictures along)."""
+    pages = [ROOT / 'README.md', ROOT / 'BENCHMARKS.md', ROOT / 'data' / 'README.md', *ROOT.glob('results/**/*.md')]
+    assert len(pages) > 8
+    broken = [f"{page.relative_to(ROOT)} -> {target}" for page in pages
+              for target in re.findall(r"\]\(([^)#\s]+)[^)]*\)", page.read_text(encoding='utf-8'))
+              if '://' not in target and not (page.parent / target).exists()]
+    assert broken == []
+
+
 def test_every_module_opens_with_the_sentence_of_its_job():
     for path in sorted([*ROOT.glob('*.py'), *(ROOT / 'machinery').glob('*.py')]):
         doc = ast.get_docstring(ast.parse(path.read_text()))
