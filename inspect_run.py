@@ -13,6 +13,7 @@ How it is computed and drawn: comparison/acts.py.
 """
 from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
+import os
 import sys
 
 from comparison.acts import inspect, short_label, write
@@ -30,7 +31,8 @@ DEFAULTS = dict(
 
 def main(argv):
     cfg, _ = parse_args(DEFAULTS, argv, prog='inspect_run.py', doc=__doc__.split('\n\n')[1])
-    check_writable(cfg['out_dir'])  # acts.png and acts.json go there: say so before the work, not after
+    if os.path.isdir(cfg['out_dir']):  # no folder: no checkpoint, which inspect says
+        check_writable(cfg['out_dir'])  # acts.png and acts.json go there: say so before the work, not after
     report = inspect(cfg['out_dir'], cfg['data_dir'], cfg['bins'], resolve_device(cfg['device']))
     if report['damaged_lines']:
         print(f"warning: {report['damaged_lines']} damaged line(s) of {cfg['out_dir']}/log.jsonl set aside.",

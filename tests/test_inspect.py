@@ -251,8 +251,12 @@ def test_the_history_is_the_logged_record_and_a_log_without_it_still_inspects(co
     assert os.path.getsize(os.path.join(run, 'acts.png')) > 10_000
 
 
-def test_missing_checkpoint_is_one_line(tmp_path, capsys):
+@pytest.mark.parametrize('folder', ['empty', 'missing'])
+def test_missing_checkpoint_is_one_line(tmp_path, capsys, folder):
+    """An empty folder (a comparison's, say) or none at all: there is no checkpoint, and where a comparison keeps
+    its runs."""
     with pytest.raises(SystemExit) as e:
-        run_cli(inspect_run.main, [f'--out_dir={tmp_path}'])
+        run_cli(inspect_run.main, [f'--out_dir={tmp_path / "nope" if folder == "missing" else tmp_path}'])
     err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1 and 'no checkpoint' in err[0] and '--out_dir' in err[0]
+    assert e.value.code == 2 and len(err) == 1 and 'there is no checkpoint at' in err[0]
+    assert "--out_dir (a comparison's runs are its OUT/VARIANT/[lrRATE/]seedN)." in err[0]
