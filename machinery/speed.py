@@ -3,11 +3,13 @@ How fast a run trains: torch.compile (regional, with its on-disk cache) and the 
 measured against.
 """
 import os
+import re
 
 import torch
 
 # dense tensor-core peaks per GPU, (bf16/fp16, tf32) FLOP/s, from NVIDIA's datasheets (half their "with sparsity"
-# figures), matched against torch.cuda.get_device_name in this order: a model's variants before the model itself
+# figures), matched as whole words of torch.cuda.get_device_name in this order: a model's variants before the model
+# itself (whole words: the laptop "RTX A1000" is no A100)
 PEAK_FLOPS = [('GH200', 989e12, 494.5e12), ('H200 NVL', 835e12, 417.5e12), ('H200', 989e12, 494.5e12),
               ('H100 NVL', 835e12, 417.5e12), ('H100 PCIe', 756e12, 378e12), ('H100', 989e12, 494.5e12),
               ('A100', 312e12, 156e12)]
@@ -26,7 +28,8 @@ def peak_flops(device_type, dtype, override):
     name = torch.cuda.get_device_name()
     if 'MIG' in name:  # a slice of the GPU named, with a fraction of its SMs: the whole GPU's peak would be wrong
         return None
-    return next(((low if dtype != 'float32' else tf32) for key, low, tf32 in PEAK_FLOPS if key in name), None)
+    return next(((low if dtype != 'float32' else tf32) for key, low, tf32 in PEAK_FLOPS
+                 if re.search(rf'\b{key}\b', name)), None)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

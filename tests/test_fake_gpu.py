@@ -151,6 +151,7 @@ def test_cpu_threads_are_half_the_cores_unless_told(monkeypatch):
     ('NVIDIA A100-SXM4-80GB', 312e12, 156e12),
     ('NVIDIA A100 80GB PCIe', 312e12, 156e12),
     ('NVIDIA GeForce RTX 4090', None, None),  # not in the table: no MFU unless --peak_flops
+    ('NVIDIA RTX A1000 Laptop GPU', None, None),  # no A100, though its name holds the letters
 ])
 def test_peak_flops_are_the_gpu_models_own_in_the_runs_precision(fake_gpu, name, bf16, tf32):
     fake_gpu(name=name)
