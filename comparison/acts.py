@@ -58,13 +58,13 @@ def phi_curves(act, grid, h, x):
 
 def branch_report(act, init_act, h, x, bins):
     """The function panel's numbers for one branch of one layer."""
-    hv = h.double().flatten().cpu().numpy()
+    hv = h.flatten().cpu().double().numpy()  # float64 on the host: MPS has none
     lo, hi = np.percentile(hv, RANGE)
     edges = np.linspace(lo, max(hi, lo + 1e-6), bins + 1)
     counts = np.histogram(hv, edges)[0]
     grid = torch.tensor((edges[:-1] + edges[1:]) / 2, dtype=h.dtype, device=h.device)
-    learned = phi_curves(act, grid, h, x).double().cpu().numpy()
-    init = phi_curves(init_act.to(h.device), grid, h, x).double().cpu().numpy()
+    learned = phi_curves(act, grid, h, x).cpu().double().numpy()
+    init = phi_curves(init_act.to(h.device), grid, h, x).cpu().double().numpy()
     low, median, high = np.percentile(learned, BAND, axis=0)
     init_median = np.percentile(init, 50, axis=0)
     w = counts / max(counts.sum(), 1)
@@ -79,7 +79,7 @@ def branch_report(act, init_act, h, x, bins):
 def gate_report(c, names):
     """Per-token coefficients c (N, K), MoA's c_k(x): each over tokens; entropy (nats, ≤ log K) of |c|/Σ|c| per token
     and of the mean |c| (a shared α)."""
-    c = c.double()
+    c = c.cpu().double()
     p = c.abs() / c.abs().sum(-1, keepdim=True).clamp_min(1e-12)
     entropy = -(p * p.clamp_min(1e-12).log()).sum(-1).cpu().numpy()
     pm = c.abs().mean(0) / c.abs().mean(0).sum().clamp_min(1e-12)
