@@ -6,9 +6,10 @@
 #      comparison of a dense and an MoE variant sharing the GPU;
 #   2. train.py's own logged MFU at config/owt.py's shape (124M; batch, accumulation and AdamW as configured) and at
 #      config/owt_quick.py's (~30M), on random GPT-2 tokens, median over the log lines after the first two;
-#   3. FlashAttention-2 against cuDNN attention first, bench.py at GPT-2 small's shape (median step, MFU);
-#   4. the aggregate tokens/s of the default comparison's model (config/compare_shakespeare_char.py's shape, bf16,
-#      compiled) at 1, 2, 4 and 8 processes on this one GPU, each with its share of the CPU cores.
+#   3. FlashAttention-2 against cuDNN attention first, bench.py at GPT-2 small's shape (median step, MFU; bf16, or
+#      float32 on a GPU without native bf16);
+#   4. the aggregate tokens/s of the default comparison's model (config/compare_shakespeare_char.py's shape, dtype
+#      auto, compiled) at 1, 2, 4 and 8 processes on this one GPU, each with its share of the CPU cores.
 # Each part's timeout is cut to what is left of the 9 minutes, so a slow part shortens the later ones.
 #   bash tests/gpu_check.sh [REPORT]        # REPORT: gpu_check.md by default
 set -uo pipefail  # not -e: every part runs and reports, whatever an earlier one did
@@ -47,11 +48,12 @@ write_shard(os.path.join(sys.argv[1], 'train_000.bin'), tokens)
 write_shard(os.path.join(sys.argv[1], 'val_000.bin'), tokens[:2_000_000])
 json.dump({'tokenizer': 'gpt2', 'vocab_size': 50257}, open(os.path.join(sys.argv[1], 'meta.json'), 'w'))
 EOF
-mfu() {  # the median MFU and ms per iteration of a log's lines after the first two
-  python -c "import json, statistics as s, sys; r = [json.loads(l) for l in open(sys.argv[1])]
-r = [x for x in r if x.get('mfu') is not None][2:]
-print(f'{len(r)} log lines: median MFU {s.median(x[\"mfu\"] for x in r):.1%}, {s.median(x[\"ms\"] for x in r):,.0f} ms' \
-      f' per iteration, {s.median(x[\"tok_s\"] for x in r):,.0f} tok/s')" "$1" 2>&1
+mfu() {  # the median MFU (where the GPU's peak is known) and ms per iteration of a log's lines after the first two
+  python -c "import json, statistics as s, sys; r = [x for x in map(json.loads, open(sys.argv[1])) if 'ms' in x][2:]
+m = [x['mfu'] for x in r if x.get('mfu') is not None]
+print(f'{len(r)} log lines: median MFU ' + (f'{s.median(m):.1%}' if m else 'none (no peak FLOP/s for this GPU)') +
+      f', {s.median(x[\"ms\"] for x in r):,.0f} ms per iteration, {s.median(x[\"tok_s\"] for x in r):,.0f} tok/s')" \
+    "$1" 2>&1
 }
 for run in "config/owt.py 50 124M" "config/owt_quick.py 120 30M"; do
   set -- $run
@@ -63,7 +65,9 @@ for run in "config/owt.py 50 124M" "config/owt_quick.py 120 30M"; do
   ended $status
 done
 
-shape="--device=cuda --dtype=bfloat16 --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 --vocab_size=50257
+# bench measures bfloat16 where the GPU runs it natively (compute capability 8.0+), else float32 (not float16)
+dtype=$(python -c "import torch; print('bfloat16' if torch.cuda.is_bf16_supported(including_emulation=False) else 'float32')")
+shape="--device=cuda --dtype=$dtype --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 --vocab_size=50257
        --batch_size=16 --compile=True --warmup=2 --repeats=10 --json= --variants=gelu"
 for order in "FLASH_ATTENTION CUDNN_ATTENTION" "CUDNN_ATTENTION FLASH_ATTENTION"; do
   set -- $order
@@ -85,7 +89,7 @@ for n in 1 2 4 8; do
   for i in $(seq 1 "$n"); do
     OMP_NUM_THREADS=$threads TORCHINDUCTOR_COMPILE_THREADS=$threads timeout "$(within 60)" python train.py \
       --dataset=shakespeare_char --n_layer=2 --n_head=4 --n_embd=64 --block_size=64 --batch_size=16 \
-      --learning_rate=2e-3 --device=cuda --dtype=bfloat16 --compile=True --data_dir="$work/data" \
+      --learning_rate=2e-3 --device=cuda --dtype=auto --compile=True --data_dir="$work/data" \
       --out_dir="$work/share$n-$i" --seed=$((1337 + i)) --max_iters=1500 --eval_interval=1500 --eval_iters=2 \
       --log_interval=100 > "$work/share$n-$i.out" 2>&1 &
     [ "$n" = 1 ] && wait  # the first run prepares shakespeare_char and fills the compile cache
