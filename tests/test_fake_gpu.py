@@ -18,7 +18,7 @@ sys.path.insert(0, REPO)
 import bench  # noqa: E402
 import compare  # noqa: E402
 import configurator  # noqa: E402
-from activations import VARIANTS  # noqa: E402
+from activations import VARIANTS, make_activations  # noqa: E402
 from comparison.runs import meta_model  # noqa: E402
 from data.shards import write_shard  # noqa: E402
 from machinery import device, speed  # noqa: E402
@@ -379,14 +379,19 @@ def test_every_variant_runs_forward_on_cuda_under_bf16_autocast(variant, n_exper
 
 
 class MpsWithoutFloat64(torch.overrides.TorchFunctionMode):
-    """A stand-in for MPS, which has no float64: tensors asked for on 'mps' are made on the CPU, and any float64
-    result raises as MPS does."""
+    """A stand-in for MPS, which has no float64: tensors asked for on 'mps' are made on the CPU, and a float64 result
+    raises as MPS does, unless it comes from tensors brought to the host (.cpu(), and what is computed from them)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = {k: 'cpu' if k == 'device' and str(v) == 'mps' else v for k, v in (kwargs or {}).items()}
         out = func(*args, **kwargs)
-        if isinstance(out, torch.Tensor) and out.dtype == torch.float64:
-            raise TypeError("Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn't support float64")
+        inputs = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        host = func is torch.Tensor.cpu or bool(inputs) and all(getattr(t, 'on_host', False) for t in inputs)
+        if isinstance(out, torch.Tensor):
+            if out.dtype == torch.float64 and not host:
+                raise TypeError("Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn't support "
+                                "float64")
+            out.on_host = host or getattr(out, 'on_host', False)
         return out
 
 
@@ -399,6 +404,21 @@ def test_evaluation_sums_without_float64_on_mps():
     with MpsWithoutFloat64():
         on_mps = train.evaluate(gpt, batches, contextlib.nullcontext(), Compute('mps', 'float32'))
     assert on_mps[0] == pytest.approx(on_cpu[0], rel=1e-6) and on_mps[1] == pytest.approx(on_cpu[1], rel=1e-6)
+
+
+def test_a_runs_pictures_are_computed_without_float64_on_mps():
+    """inspect_run.py --device=auto on a Mac: the curves and MoA's gates reach float64 only on the host."""
+    from comparison import acts
+    torch.manual_seed(0)
+    config = GPTConfig(n_embd=16, n_head=2, ffn='moa')
+    act, init = make_activations(config)[0], make_activations(config)[0]
+    h, x = torch.randn(6, 64), torch.randn(6, 16)
+    torch.set_grad_enabled(False)  # as inspect runs them
+    want = acts.branch_report(act, init, h, x, 20), acts.gate_report(act.token_gates(x), act.names)
+    with MpsWithoutFloat64():
+        got = acts.branch_report(act, init, h, x, 20), acts.gate_report(act.token_gates(x), act.names)
+    torch.set_grad_enabled(True)
+    assert got == want
 
 
 def test_each_try_and_each_summary_names_what_it_ran_on(shakespeare_char_dir, tmp_path, capsys):
