@@ -10,7 +10,7 @@ Run a comparison: train FFN variants side by side on the same batches, N runs at
 Each run is a plain train.py run in its own directory (comparison/runs.py), read once per invocation. The steps: check, read the
 runs, train what is missing, extend a sweep where a best rate is at an edge, train each variant at its best rate on
 fresh seeds (a sweep's verdict), report. The same command again reuses finished and diverged runs, resumes cut-off ones
-and refuses other settings unless --overwrite=True. Writes summary.md, summary.json, loss.png and acts.png into out_dir
+and refuses runs of other settings, or of a dataset prepared again since, unless --overwrite=True. Writes summary.md, summary.json, loss.png and acts.png into out_dir
 (a ladder: each size's in out_dir/<size>/, then its own), the table on stdout.
 """
 from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
@@ -240,10 +240,11 @@ def check_dataset(cfg):
 
 
 def settings_differ(bad):
-    """The refusal of runs trained with other settings (without --overwrite): before any run trains, and again for
-    each run once it is locked, since another comparison may have trained it meanwhile."""
+    """The refusal of runs trained with other settings or on data prepared again since (without --overwrite): before
+    any run trains, and again for each run once it is locked, since another comparison may have trained it
+    meanwhile."""
     return UserError(f"{bad[0].describe_mismatch()}; use another --out_dir, or pass --overwrite=True to retrain the "
-                     f"{len(bad)} run(s) whose settings differ.")
+                     f"{len(bad)} run(s) that differ.")
 
 
 def to_do(cfg, runs):

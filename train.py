@@ -23,7 +23,6 @@ Worth knowing:
 """
 from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
-import hashlib
 import json
 import math
 import os
@@ -119,9 +118,8 @@ def set_up(cfg, checkpoint):
     with device.rank_zero_first(hw):  # rank 0 prepares a bundled dataset not prepared yet, the others wait for it
         r.loader = open_loader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'], cfg['data_dir'],
                                hw.rank, hw.world_size, prepare=r.master)
-    val = r.loader.val_batches(cfg['eval_iters'])
-    r.val_hash = hashlib.sha256(b''.join(X.numpy().tobytes() + Y.numpy().tobytes() for X, Y in val)).hexdigest()
-    r.val_batches = [(X.to(hw.device), Y.to(hw.device)) for X, Y in val]  # on the device once
+    r.val_hash = r.loader.val_hash(cfg['eval_iters'])  # logged: which windows every evaluation scores
+    r.val_batches = [(X.to(hw.device), Y.to(hw.device)) for X, Y in r.loader.val_batches(cfg['eval_iters'])]
     r.accumulation = cfg['gradient_accumulation_steps']
     r.tokens_per_iter = r.accumulation * hw.world_size * cfg['batch_size'] * cfg['block_size']
     # the model: raw_model is the plain module (checkpoints, reports, MFU), model what trains (compiled, DDP)

@@ -6,6 +6,7 @@ A run is a plain train.py run in <out_dir>/<variant>[/lr<rate>]/seed<seed>, reco
 holds, or before its first checkpoint by the compare.json that compare.py writes when it starts or lists one (once
 that try has logged something: a try that failed before, or a planned run not started yet, holds nothing).
 """
+import functools
 import hashlib
 import json
 import math
@@ -17,6 +18,7 @@ import torch
 
 from activations import VARIANTS, check_variant
 from configurator import DEFAULTS, dataset_vocab, keys_that, model_config
+from data.loader import open_loader
 from machinery.checkpoint import CKPT, load_checkpoint
 from machinery.cli import UserError, parse_args, reading, split_list
 from machinery.files import remove_dead_temps
@@ -45,6 +47,18 @@ def meta_model(settings, data_dir):
     with torch.device('meta'):
         return GPT(model_config({**settings, 'vocab_size': settings['vocab_size'] or
                                  dataset_vocab(settings['dataset'], data_dir)}))
+
+
+def val_hash_now(settings):
+    """The val_hash a run of these settings logs on its dataset as it is prepared now (DataLoader.val_hash)."""
+    meta = os.path.join(settings['data_dir'], settings['dataset'], 'meta.json')  # a new preparation writes it anew
+    stamp = os.stat(meta).st_mtime_ns if os.path.exists(meta) else None
+    return _val_hash(*(settings[k] for k in ('dataset', 'data_dir', 'block_size', 'batch_size', 'eval_iters')), stamp)
+
+
+@functools.lru_cache(maxsize=None)
+def _val_hash(dataset, data_dir, block_size, batch_size, eval_iters, stamp):
+    return open_loader(dataset, block_size, batch_size, 0, data_dir).val_hash(eval_iters)
 
 
 def tuning_key(cfg):
@@ -131,7 +145,7 @@ class Run:
     """A run's spec and what its directory held when it was scanned. state, the one word for its outcome: 'done',
     'diverged' (its outcome at these settings), 'resume' (a checkpoint to continue from), 'scratch'
     (nothing yet), 'retrain' (a checkpoint whose log lines are gone, so its results cannot be read) or 'mismatch'
-    (trained with other settings)."""
+    (trained with other settings, or on its dataset before it was prepared again)."""
     spec: dict
     state: str
     records: list  # log.jsonl's records
@@ -139,6 +153,7 @@ class Run:
     checkpoint: dict | None  # ckpt.pt, memory-mapped (its tensors are read only if used), None if none is readable
     intent: dict  # compare.json, {} if none
     found: dict | None  # the identity the directory holds, None if it holds none
+    other_data: bool = False  # its log's validation windows are not its dataset's now: prepared again since
 
     variant = property(lambda self: self.spec['variant'])
     seed = property(lambda self: self.spec['seed'])
@@ -154,6 +169,9 @@ class Run:
         return loss_of(evals[-1]) if self.state == 'done' and evals else None
 
     def describe_mismatch(self):
+        if self.other_data:
+            return (f"{self.dir} was trained on other data: its validation windows are not those of "
+                    f"{self.settings['dataset']} as it is prepared now")
         wanted = identity(self.settings, self.processes)
         keys = sorted(k for k in wanted if self.found.get(k) != wanted[k])
         shown = ', '.join(f"{k}={self.found.get(k)!r} (now {wanted[k]!r})" for k in keys[:4])
@@ -179,7 +197,9 @@ def scan(spec):
         with reading(os.path.join(d, CKPT), hint):
             found, saved = identity(ckpt['config'], ckpt['world_size']), ckpt['iter_num']
     evaluated = lambda it: any(r['iter'] == it and 'val_loss' in r for r in records)
-    if found is not None and found != wanted:
+    logged = next((r['val_hash'] for r in reversed(records) if 'val_hash' in r), None)
+    other_data = found == wanted and logged is not None and logged != val_hash_now(spec['settings'])
+    if found is not None and found != wanted or other_data:
         state = 'mismatch'
     elif saved == spec['settings']['max_iters'] and evaluated(saved):
         state = 'done'
@@ -189,7 +209,7 @@ def scan(spec):
         state = 'scratch'
     else:
         state = 'resume' if evaluated(saved) else 'retrain'
-    return Run(spec, state, records, damaged, ckpt, intent, found)
+    return Run(spec, state, records, damaged, ckpt, intent, found, other_data)
 
 
 def command_line(spec, mode):

@@ -163,6 +163,12 @@ class DataLoader:
             self._val_cache.append(_to_xy(self.val.sample(rng, self.batch_size)))
         return self._val_cache[:n_batches]
 
+    def val_hash(self, n_batches):
+        """A SHA-256 of the first n_batches validation batches: the same hash, the same validation windows (train.py
+        logs it; a comparison tells by it a run trained before its dataset was prepared again)."""
+        return hashlib.sha256(b''.join(X.numpy().tobytes() + Y.numpy().tobytes()
+                                       for X, Y in self.val_batches(n_batches))).hexdigest()
+
     def state_dict(self):
         return {"dataset": self.dataset, "seed": self.seed, "batch_size": self.batch_size,
                 "block_size": self.block_size, "rank": self.rank, "world_size": self.world_size, "step": self.step,

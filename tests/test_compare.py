@@ -327,6 +327,39 @@ def test_a_planned_run_that_diverged_before_its_first_checkpoint_keeps_its_setti
     assert scan_state(run) == 'mismatch'
 
 
+def test_a_run_trained_before_its_dataset_was_prepared_again_is_refused(shakespeare_char_dir, tmp_path, capsys):
+    """A run's log names the validation windows it was scored on (val_hash): one trained on its dataset as it was
+    before it was prepared again is another run, refused as one of other settings is (--overwrite=True retrains it),
+    never reused."""
+    argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={tmp_path}', '--variants=gelu', '--seeds=1', *TINY]
+    (spec,) = grid_specs(compare.settings(argv))
+    os.makedirs(spec['dir'])
+    files.write_json(os.path.join(spec['dir'], runs.INTENT), {'settings': spec['settings'], 'processes': 1})
+    log = os.path.join(spec['dir'], 'log.jsonl')
+    run_log.append_log(log, {'iter': 0, 'tokens': 0, 'val_loss': 4.2, 'val_hash': runs.val_hash_now(spec['settings'])})
+    assert scan_state(spec) == 'scratch'  # this dataset's windows: a try to continue
+    run_log.append_log(log, {'iter': 2, 'tokens': 256, 'val_loss': 4.0, 'val_hash': 'f' * 64})
+    assert scan_state(spec) == 'mismatch'
+    code, err = call(compare.main, argv, capsys)
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        f"error: {spec['dir']} was trained on other data: its validation windows are not those of shakespeare_char as "
+        f"it is prepared now; use another --out_dir, or pass --overwrite=True to retrain the 1 run(s) that differ.")
+
+
+@pytest.mark.slow
+def test_finished_runs_on_a_dataset_prepared_again_are_not_reused(compared, tmp_path, capsys):
+    """The comparison's finished runs, with their dataset's validation shard written anew: refused, not reused."""
+    argv, out, _ = compared
+    data = tmp_path / 'data'
+    shutil.copytree(os.path.join(next(a[11:] for a in argv if a.startswith('--data_dir=')), 'shakespeare_char'),
+                    data / 'shakespeare_char')
+    from data.shards import open_shard, write_shard
+    val = str(data / 'shakespeare_char' / 'val_000.bin')
+    write_shard(val, open_shard(val)[::-1].copy())  # the same characters, in another order
+    code, err = call(compare.main, argv + [f'--data_dir={data}'], capsys)
+    assert code == 2 and 'was trained on other data' in err and '--overwrite=True' in err
+
+
 def test_what_a_run_is_leaves_out_where_and_how_it_ran():
     run = grid_specs(compare.settings(['--variants=gelu', '--seeds=1', '--lrs=', *TINY]))[0]
     same = {**run['settings'], 'out_dir': 'elsewhere', 'compile': True, 'peak_flops': 989e12, 'wandb_log': True}
