@@ -4,7 +4,7 @@ can act on, each ending the command with one sentence.
 
     python train.py [config/FILE.py ...] [--key=value ...]
 
-A config file is plain Python, exec'd with the current settings in scope (so it may write `lr_decay_iters =
+A config file (FILE.py) is plain Python, exec'd with the current settings in scope (so it may write `lr_decay_iters =
 max_iters`); every public name it assigns must be a known key (names starting with '_', and functions and modules of
 other names, are its own helpers). Then each --key=value override is applied in order. A value must have the type of
 the key's default: an int key takes 12 or 1e4 but not 3.5 (never silently truncated), a float key 3 or 6e-4, a bool
@@ -164,7 +164,10 @@ def parse_args(defaults, argv, types=None, prog='train.py', doc=''):
         if arg in ('-h', '--help'):
             print(format_help(prog, config, doc))
             sys.exit(0)
-        if not arg.startswith('-'):
+        if not arg.startswith('-'):  # a config file, run as Python: only a file named as one
+            if not arg.endswith('.py'):
+                raise UserError(f"cannot read argument '{arg}': a config file is a FILE.py and an override --key=value "
+                                f"(a value with spaces goes in quotes, a list is comma-separated without spaces).")
             _run_config_file(arg, config, defaults, types, given)
             continue
         key, equals, text = split_arg(arg)

@@ -615,6 +615,16 @@ def test_command_line_mistakes_are_one_line_with_exit_status_2(scripts, tmp_path
     assert not out.exists()  # refused before any work
 
 
+def test_a_path_split_off_by_a_space_is_refused_not_run_as_a_config_file(scripts, tmp_path, capsys):
+    """--input=a.txt, notes.txt: the shell makes notes.txt an argument of its own, which is no config file."""
+    marker, notes = tmp_path / "ran", tmp_path / "notes.txt"
+    notes.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    code, err = run(scripts["text"].main, [f"--input={tmp_path / 'a.txt'},", str(notes), f"--out_dir={tmp_path / 'o'}"],
+                    capsys)
+    assert_one_line(code, err, 2, f"cannot read argument '{notes}': a config file is a FILE.py")
+    assert not marker.exists() and not (tmp_path / "o").exists()
+
+
 def read_only_folders(tmp_path):
     """(an existing folder that takes no new file, a folder that cannot be created). Root ignores file permissions,
     but nobody may add entries to /sys."""
