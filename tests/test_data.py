@@ -605,6 +605,7 @@ def scripts(monkeypatch):
     ("text", ["--shard_tokens=1.5"], "--shard_tokens expects an int"),
     ("text", ["--input=a.txt", "--tokenizer=bpe"], "unknown tokenizer 'bpe'"),
     ("text", [], "no input given"),
+    ("text", ["--input=/nonexistent/notes.txt"], "/nonexistent/notes.txt is neither a file nor a folder"),
     ("shakespeare_char", ["--shard_tokens=x"], "--shard_tokens expects an int"),
     ("shakespeare_char", ["--out-dir"], "cannot read argument '--out-dir'"),
 ])
@@ -623,6 +624,20 @@ def test_a_path_split_off_by_a_space_is_refused_not_run_as_a_config_file(scripts
                     capsys)
     assert_one_line(code, err, 2, f"cannot read argument '{notes}': a config file is a FILE.py")
     assert not marker.exists() and not (tmp_path / "o").exists()
+
+
+def test_your_text_never_takes_the_name_of_a_dataset_nanoffn_prepares(scripts, tmp_path, capsys, monkeypatch):
+    """--name=shakespeare_char would replace the bundled corpus every default run and the tuned rates stand on."""
+    monkeypatch.setattr(scripts["text"], "DATA", str(tmp_path))  # a data/ of the test's own
+    (tmp_path / "shakespeare_char").mkdir()
+    (tmp_path / "shakespeare_char" / "prepare.py").write_text("")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "in.txt").write_text("some text to tokenize " * 10)
+    code, err = run(scripts["text"].main, ["--input=~/in.txt", "--name=shakespeare_char", "--tokenizer=char"], capsys)
+    assert_one_line(code, err, 2, "--name=shakespeare_char is the dataset data/shakespeare_char/prepare.py writes")
+    assert os.listdir(tmp_path / "shakespeare_char") == ["prepare.py"]
+    code, err = run(scripts["text"].main, ["--input=~/in.txt", "--name=mine", "--tokenizer=char"], capsys)
+    assert code == 0 and (tmp_path / "mine" / "meta.json").exists()  # ~ is the user's home, as in a shell
 
 
 def read_only_folders(tmp_path):

@@ -3,7 +3,8 @@
     python data/text/prepare.py --input=notes.txt,books/ [--tokenizer=gpt2|char] [--name=text]
     python train.py --dataset=text ...
 
-Each file is a document; validation is the last --val_fraction of the token stream, so put held-out text last.
+Each file is a document, in the order of their paths; validation is the last --val_fraction of the token stream, so
+the held-out text is that of the files whose paths sort last.
 """
 import os
 import sys
@@ -33,7 +34,7 @@ DEFAULTS = dict(
 def find_files(inputs):
     """The .txt files named by inputs (files, or folders searched recursively), sorted, without duplicates."""
     files = set()
-    for item in inputs:
+    for item in map(os.path.expanduser, inputs):  # --input=~/notes.txt: no shell expands a ~ after '='
         if os.path.isdir(item):
             for root, _, names in os.walk(item):
                 files.update(os.path.join(root, n) for n in names if n.endswith(".txt"))
@@ -57,10 +58,12 @@ def prepare(inputs, tokenizer="gpt2", out_dir="", name="text", val_fraction=0.1,
         raise UserError(f"--val_fraction must be between 0 and 1, not {val_fraction}.")
     if not out_dir and (name in ("", ".", "..") or os.path.basename(name) != name):  # it must stay inside data/
         raise UserError(f"--name={name} is not a plain folder name; give one such as --name=mytext, or an --out_dir.")
+    if not out_dir and name != "text" and os.path.exists(os.path.join(DATA, name, "prepare.py")):
+        raise UserError(f"--name={name} is the dataset data/{name}/prepare.py writes; choose another --name.")
+    files = find_files(inputs)
+    docs = [read_text(p, "input file", "notes.txt") for p in files]  # the input's mistakes, before a folder is made
     out_dir = out_dir or os.path.join(DATA, name)
     check_out_dir(out_dir, shard_tokens)
-    files = find_files(inputs)
-    docs = [read_text(p, "input file", "notes.txt") for p in files]
     if tokenizer == "gpt2":
         tok = GPT2Tokenizer()
         tokens = np.array([t for ids in tok.encode_batch(docs) for t in [EOT] + ids], dtype=np.uint16)
