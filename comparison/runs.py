@@ -49,16 +49,18 @@ def meta_model(settings, data_dir):
                                  dataset_vocab(settings['dataset'], data_dir)}))
 
 
-def val_hash_now(settings):
-    """The val_hash a run of these settings logs on its dataset as it is prepared now (DataLoader.val_hash)."""
+def data_now(settings):
+    """(meta.json, val_hash) of a run's dataset as it is prepared now: a run trained on it holds that meta.json in its
+    checkpoint (its token counts, shards, vocabulary) and logs that val_hash (DataLoader.val_hash)."""
     meta = os.path.join(settings['data_dir'], settings['dataset'], 'meta.json')  # a new preparation writes it anew
     stamp = os.stat(meta).st_mtime_ns if os.path.exists(meta) else None
-    return _val_hash(*(settings[k] for k in ('dataset', 'data_dir', 'block_size', 'batch_size', 'eval_iters')), stamp)
+    return _data_now(*(settings[k] for k in ('dataset', 'data_dir', 'block_size', 'batch_size', 'eval_iters')), stamp)
 
 
 @functools.lru_cache(maxsize=None)
-def _val_hash(dataset, data_dir, block_size, batch_size, eval_iters, stamp):
-    return open_loader(dataset, block_size, batch_size, 0, data_dir).val_hash(eval_iters)
+def _data_now(dataset, data_dir, block_size, batch_size, eval_iters, stamp):
+    loader = open_loader(dataset, block_size, batch_size, 0, data_dir)
+    return loader.meta, loader.val_hash(eval_iters)
 
 
 def tuning_key(cfg):
@@ -153,7 +155,7 @@ class Run:
     checkpoint: dict | None  # ckpt.pt, memory-mapped (its tensors are read only if used), None if none is readable
     intent: dict  # compare.json, {} if none
     found: dict | None  # the identity the directory holds, None if it holds none
-    other_data: bool = False  # its log's validation windows are not its dataset's now: prepared again since
+    other_data: bool = False  # trained on its dataset before it was prepared again (data_now)
 
     variant = property(lambda self: self.spec['variant'])
     seed = property(lambda self: self.spec['seed'])
@@ -170,8 +172,8 @@ class Run:
 
     def describe_mismatch(self):
         if self.other_data:
-            return (f"{self.dir} was trained on other data: its validation windows are not those of "
-                    f"{self.settings['dataset']} as it is prepared now")
+            return (f"{self.dir} was trained on other data: its checkpoint's meta.json or its validation windows are "
+                    f"not those of {self.settings['dataset']} as it is prepared now")
         wanted = identity(self.settings, self.processes)
         keys = sorted(k for k in wanted if self.found.get(k) != wanted[k])
         shown = ', '.join(f"{k}={self.found.get(k)!r} (now {wanted[k]!r})" for k in keys[:4])
@@ -197,8 +199,11 @@ def scan(spec):
         with reading(os.path.join(d, CKPT), hint):
             found, saved = identity(ckpt['config'], ckpt['world_size']), ckpt['iter_num']
     evaluated = lambda it: any(r['iter'] == it and 'val_loss' in r for r in records)
-    logged = next((r['val_hash'] for r in reversed(records) if 'val_hash' in r), None)
-    other_data = found == wanted and logged is not None and logged != val_hash_now(spec['settings'])
+    logged, other_data = next((r['val_hash'] for r in reversed(records) if 'val_hash' in r), None), False
+    if found == wanted and (logged is not None or ckpt is not None):
+        meta, val_hash = data_now(spec['settings'])
+        with reading(os.path.join(d, CKPT), hint):
+            other_data = ckpt is not None and ckpt.get('meta') != meta or logged not in (None, val_hash)
     if found is not None and found != wanted or other_data:
         state = 'mismatch'
     elif saved == spec['settings']['max_iters'] and evaluated(saved):

@@ -328,22 +328,37 @@ def test_a_planned_run_that_diverged_before_its_first_checkpoint_keeps_its_setti
 
 
 def test_a_run_trained_before_its_dataset_was_prepared_again_is_refused(shakespeare_char_dir, tmp_path, capsys):
-    """A run's log names the validation windows it was scored on (val_hash): one trained on its dataset as it was
-    before it was prepared again is another run, refused as one of other settings is (--overwrite=True retrains it),
-    never reused."""
+    """A run's log names the validation windows it was scored on (val_hash), its checkpoint holds the dataset's
+    meta.json (token counts: a new preparation of the training split alone changes them): one trained on its dataset
+    as it was before it was prepared again is another run, refused as one of other settings is (--overwrite=True
+    retrains it), never reused, and a run of this preparation that stops so is a failure, not a result."""
     argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={tmp_path}', '--variants=gelu', '--seeds=1', *TINY]
     (spec,) = grid_specs(compare.settings(argv))
     os.makedirs(spec['dir'])
     files.write_json(os.path.join(spec['dir'], runs.INTENT), {'settings': spec['settings'], 'processes': 1})
-    log = os.path.join(spec['dir'], 'log.jsonl')
-    run_log.append_log(log, {'iter': 0, 'tokens': 0, 'val_loss': 4.2, 'val_hash': runs.val_hash_now(spec['settings'])})
+    log, (meta, val_hash) = os.path.join(spec['dir'], 'log.jsonl'), runs.data_now(spec['settings'])
+    run_log.append_log(log, {'iter': 0, 'tokens': 0, 'val_loss': 4.2, 'val_hash': val_hash})
     assert scan_state(spec) == 'scratch'  # this dataset's windows: a try to continue
     run_log.append_log(log, {'iter': 2, 'tokens': 256, 'val_loss': 4.0, 'val_hash': 'f' * 64})
     assert scan_state(spec) == 'mismatch'
     code, err = call(compare.main, argv, capsys)
     assert code == 2 and err.strip().splitlines()[-1] == (
-        f"error: {spec['dir']} was trained on other data: its validation windows are not those of shakespeare_char as "
-        f"it is prepared now; use another --out_dir, or pass --overwrite=True to retrain the 1 run(s) that differ.")
+        f"error: {spec['dir']} was trained on other data: its checkpoint's meta.json or its validation windows are not "
+        f"those of shakespeare_char as it is prepared now; use another --out_dir, or pass --overwrite=True to retrain "
+        f"the 1 run(s) that differ.")
+    os.remove(log)
+    run_log.append_log(log, {'iter': 2, 'tokens': 256, 'val_loss': 4.0, 'val_hash': val_hash})
+    ckpt = {'config': spec['settings'], 'world_size': 1, 'iter_num': 2, 'meta': meta}
+    torch.save(ckpt, os.path.join(spec['dir'], 'ckpt.pt'))
+    assert scan_state(spec) == 'resume'
+    torch.save({**ckpt, 'meta': {**meta, 'train_tokens': meta['train_tokens'] + 1}}, os.path.join(spec['dir'], 'ckpt.pt'))
+    assert scan_state(spec) == 'mismatch'  # the same validation windows, another training split
+    job = compare.Job.__new__(compare.Job)  # as Job.__init__ leaves it once its train.py has exited with status 0
+    job.run, job.t0, job.name, job.resumed_from = runs.scan(spec), 0.0, spec['name'], None
+    job.out_path, job.proc = os.path.join(spec['dir'], 'train.out'), types.SimpleNamespace(returncode=0)
+    with pytest.raises(UserError, match="was trained on other data: .*; its dataset was prepared again while it "
+                                        "trained, so train it again with --overwrite=True."):
+        job.finish()
 
 
 @pytest.mark.slow

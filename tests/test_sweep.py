@@ -41,8 +41,9 @@ def settings(out, *extra):
 
 @pytest.fixture
 def logged_windows(monkeypatch):
-    """The validation windows of the dataset as it is now are those the synthetic runs log ('v'): nothing is read."""
-    monkeypatch.setattr(runs_py, 'val_hash_now', lambda settings: 'v')
+    """The dataset as it is now is what the synthetic runs were trained on (no meta.json in their checkpoints, 'v' the
+    validation windows their logs name): nothing is read."""
+    monkeypatch.setattr(runs_py, 'data_now', lambda settings: (None, 'v'))
 
 
 def finish(run, select, report_half):
