@@ -72,7 +72,7 @@ def added(request):
     """(README with the guide's rows in its table, {list: the guide's entries}), every list holding the guide's entries
     at one position (the table among its kind) until the test ends. A list that holds a guide's name already (its
     reader followed the guide) is taken as it was before."""
-    saved, new, names = {name: dict(d) for name, d in LISTS.items()}, {}, set(vars(A))
+    saved, new, module = {name: dict(d) for name, d in LISTS.items()}, {}, dict(vars(A))
     try:
         for name, d in LISTS.items():  # in this order, so that each record finds the entries it names
             new[name] = guide_entries(name)
@@ -87,8 +87,9 @@ def added(request):
         for name, d in LISTS.items():
             d.clear()
             d.update(saved[name])
-        for name in set(vars(A)) - names:
+        for name in set(vars(A)) - set(module):
             delattr(A, name)
+        vars(A).update(module)  # a reader's own SwishBeta, had they followed the guide already
 
 
 ONE_POSITION = pytest.mark.parametrize("added", ["middle"], indirect=True)  # for tests that no position concerns
@@ -132,7 +133,9 @@ def test_the_registry_derived_model_tests_pass_for_the_new_variants(added):
 def test_the_new_learned_activation_keeps_only_its_inputs_and_runs_its_formula(added, monkeypatch):
     """The checks every learned variant of the registry passes: no more memory for backward than its baseline, and a
     CPU run that follows an edit of its formula."""
-    for variant in [n for n, v in added[1]["VARIANTS"].items() if v.extras(GPTConfig(ffn=n)) > 0]:
+    learned = [n for n, v in added[1]["VARIANTS"].items() if v.extras(GPTConfig(ffn=n)) > 0]
+    assert learned == ["swish_beta"]
+    for variant in learned:
         T.test_learned_variants_keep_no_more_for_backward_than_their_baseline(variant)
         T.check_a_run_follows_an_edit_of_its_formula(variant, False, monkeypatch)
 

@@ -413,11 +413,10 @@ def test_a_runs_pictures_are_computed_without_float64_on_mps():
     config = GPTConfig(n_embd=16, n_head=2, ffn='moa')
     act, init = make_activations(config)[0], make_activations(config)[0]
     h, x = torch.randn(6, 64), torch.randn(6, 16)
-    torch.set_grad_enabled(False)  # as inspect runs them
-    want = acts.branch_report(act, init, h, x, 20), acts.gate_report(act.token_gates(x), act.names)
-    with MpsWithoutFloat64():
-        got = acts.branch_report(act, init, h, x, 20), acts.gate_report(act.token_gates(x), act.names)
-    torch.set_grad_enabled(True)
+    with torch.no_grad():  # as inspect runs them
+        want = acts.branch_report(act, init, h, x, 20), acts.gate_report(act.token_gates(x), act.names)
+        with MpsWithoutFloat64():
+            got = acts.branch_report(act, init, h, x, 20), acts.gate_report(act.token_gates(x), act.names)
     assert got == want
 
 
