@@ -81,9 +81,9 @@ def gate_report(c, names):
     and of the mean |c| (a shared α)."""
     c = c.cpu().double()
     p = c.abs() / c.abs().sum(-1, keepdim=True).clamp_min(1e-12)
-    entropy = -(p * p.clamp_min(1e-12).log()).sum(-1).cpu().numpy()
+    entropy = -(p * p.clamp_min(1e-12).log()).sum(-1).numpy()
     pm = c.abs().mean(0) / c.abs().mean(0).sum().clamp_min(1e-12)
-    quantiles = np.percentile(c.cpu().numpy(), [5, 25, 50, 75, 95], axis=0)
+    quantiles = np.percentile(c.numpy(), [5, 25, 50, 75, 95], axis=0)
     edges = np.linspace(0.0, math.log(c.shape[-1]), 31)
     return {'names': [str(n) for n in names], 'quantiles': quantiles.T.tolist(), 'mean': c.mean(0).tolist(),
             'std': c.std(0).tolist(), 'entropy_mean': float(entropy.mean()), 'entropy_std': float(entropy.std()),

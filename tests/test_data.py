@@ -638,6 +638,10 @@ def test_your_text_never_takes_the_name_of_a_dataset_nanoffn_prepares(scripts, t
     assert os.listdir(tmp_path / "shakespeare_char") == ["prepare.py"]
     code, err = run(scripts["text"].main, ["--input=~/in.txt", "--name=mine", "--tokenizer=char"], capsys)
     assert code == 0 and (tmp_path / "mine" / "meta.json").exists()  # ~ is the user's home, as in a shell
+    (tmp_path / "short.txt").write_text("a")
+    code, err = run(scripts["text"].main, ["--input=~/short.txt", "--name=short", "--tokenizer=char"], capsys)
+    assert_one_line(code, err, 2, "the text is only 1 tokens long")
+    assert not (tmp_path / "short").exists()  # a mistake in the input leaves no folder behind
 
 
 def read_only_folders(tmp_path):

@@ -17,7 +17,7 @@ quiet_interrupt(__name__)
 
 import numpy as np
 
-from data.shards import SHARD_TOKENS, check_out_dir, write_dataset
+from data.shards import SHARD_TOKENS, write_dataset
 from data.tokenizer import CharTokenizer, EOT, GPT2Tokenizer
 from machinery.cli import UserError, parse_args, read_text, run_cli, split_list
 
@@ -61,9 +61,9 @@ def prepare(inputs, tokenizer="gpt2", out_dir="", name="text", val_fraction=0.1,
     if not out_dir and name != "text" and os.path.exists(os.path.join(DATA, name, "prepare.py")):
         raise UserError(f"--name={name} is the dataset data/{name}/prepare.py writes; choose another --name.")
     files = find_files(inputs)
-    docs = [read_text(p, "input file", "notes.txt") for p in files]  # the input's mistakes, before a folder is made
+    docs = [read_text(p, "input file", "notes.txt") for p in files]
+    # its folder is checked and made once the tokens are ready (write_dataset): a mistake in the input leaves none
     out_dir = out_dir or os.path.join(DATA, name)
-    check_out_dir(out_dir, shard_tokens)
     if tokenizer == "gpt2":
         tok = GPT2Tokenizer()
         tokens = np.array([t for ids in tok.encode_batch(docs) for t in [EOT] + ids], dtype=np.uint16)
