@@ -268,7 +268,7 @@ def write(out_dir, report):
              f"histogram of h on the first validation batch ({report['batch']['tokens']:,} tokens) behind")
     fig, axes = figure(len(layers), len(cols), 4.3 * len(cols), 3.0, title)
     titles = {'gates': 'MoA c_k(x) over tokens', 'entropy': 'MoA mixture entropy per token',
-              'experts': 'validation tokens per expert'}
+              'experts': 'validation tokens per expert (top_k each)'}
     for i, (layer, logged) in enumerate(zip(layers, hist['layers'])):
         for ax, col in zip(axes[i], cols):
             if col in layer['branches']:
@@ -293,7 +293,7 @@ def write(out_dir, report):
                 draw_gates(ax, layer['gates'], col == 'entropy')
             elif col == 'experts' and 'expert_tokens' in layer:
                 ax.bar(range(len(layer['expert_tokens'])), layer['expert_tokens'], color='C2')
-                ax.set(xlabel='expert', ylabel='tokens')
+                ax.set(xlabel='expert', ylabel='tokens', xticks=range(len(layer['expert_tokens'])))
             else:
                 ax.set_axis_off()
     save_figure(fig, os.path.join(out_dir, 'acts.png'))

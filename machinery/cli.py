@@ -149,7 +149,7 @@ def format_help(prog, config, doc=''):
     lines = [f"usage: python {prog} [config/FILE.py ...] [--key=value ...]"]
     if doc:
         lines.append(textwrap.indent(textwrap.dedent(doc).strip('\n'), '  '))
-    lines.append('keys (value after the config files given before --help):')
+    lines.append('keys (values after the config files and overrides given before --help):')
     width = max(len(k) for k in config)
     lines += [f"  --{k.ljust(width)} {'auto' if config[k] is None else repr(config[k])}" for k in sorted(config)]
     return '\n'.join(lines)
