@@ -130,7 +130,7 @@ class Poly(Activation):
         polynorm:      φ(h) = Σ_{i=1..r} a_i N(h^i) + a_0
         polyrelunorm:  φ(h) = Σ_{i=1..r} a_i N(relu(h)^i) + a_0  (ablation from the paper)
     N normalises over the token's hidden channels (poly_formula). Init a_1..a_r = 1/r, a_0 = 0 (official code).
-    Computed in fp32 under bf16/fp16 autocast: h^6 overflows fp16 for |h| > 6.35.
+    Computed in fp32 under bf16/fp16 autocast: N's mean of h^(2r) overflows fp16 for |h| > 6.35 at r = 3.
     """
 
     def __init__(self, kind, order=3, eps=1e-6):
@@ -237,7 +237,7 @@ class MoA(Activation):
             nn.init.zeros_(p)
 
     def token_gates(self, x):
-        """c(x): K gates per token, at least fp32 (tiny)."""
+        """c(x): K gates per token, in fp32 at least (the logits come from the autocast dtype's matmul)."""
         z = fp32(self.mix_logits(x))
         if self.gate_kind == "plain_sigmoid":
             return torch.sigmoid(z)
