@@ -245,7 +245,7 @@ def settings_differ(bad):
     any run trains, and again for each run once it is locked, since another comparison may have trained it
     meanwhile."""
     return UserError(f"{bad[0].describe_mismatch()}; use another --out_dir, or pass --overwrite=True to retrain the "
-                     f"{len(bad)} run(s) that differ.")
+                     f"runs that differ ({len(bad)} at this step).")
 
 
 def to_do(cfg, runs):
@@ -334,7 +334,7 @@ class Job:
         if run.state == 'diverged':
             return run, line + f", DIVERGED: {tail}"
         val = run.final()
-        return run, line + (f", final val loss {val:.4f}" if val is not None else '')
+        return run, line + (f", final val loss {val:.4f} (all windows)" if val is not None else '')
 
 
 def last_error_line(path):
@@ -514,7 +514,7 @@ def run_comparison(cfg, comp, runs):
     if cfg['plan']:
         return placement.print_plan([], len(runs) + len(fresh), cfg['threads'], plan_rounds(cfg, comp))
     summary = write_report(cfg, comp, runs, fresh)
-    print(f"wrote {cfg['out_dir']}/summary.md, loss.png, acts.png ({time.time() - t0:.0f} s)", file=sys.stderr)
+    print(f"wrote {cfg['out_dir']}/summary.md, summary.json and the pictures ({time.time() - t0:.0f} s)", file=sys.stderr)
     return summary
 
 

@@ -345,7 +345,7 @@ def test_a_run_trained_before_its_dataset_was_prepared_again_is_refused(shakespe
     assert code == 2 and err.strip().splitlines()[-1] == (
         f"error: {spec['dir']} was trained on other data: its checkpoint's meta.json or its validation windows are not "
         f"those of shakespeare_char as it is prepared now; use another --out_dir, or pass --overwrite=True to retrain "
-        f"the 1 run(s) that differ.")
+        f"the runs that differ (1 at this step).")
     os.remove(log)
     run_log.append_log(log, {'iter': 2, 'tokens': 256, 'val_loss': 4.0, 'val_hash': val_hash})
     ckpt = {'config': spec['settings'], 'world_size': 1, 'iter_num': 2, 'meta': meta}
