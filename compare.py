@@ -514,7 +514,8 @@ def run_comparison(cfg, comp, runs):
     if cfg['plan']:
         return placement.print_plan([], len(runs) + len(fresh), cfg['threads'], plan_rounds(cfg, comp))
     summary = write_report(cfg, comp, runs, fresh)
-    print(f"wrote {cfg['out_dir']}/summary.md, summary.json and the pictures ({time.time() - t0:.0f} s)", file=sys.stderr)
+    print(f"wrote {cfg['out_dir']}/summary.md, summary.json and the pictures ({time.time() - t0:.0f} s)",
+          file=sys.stderr)
     return summary
 
 

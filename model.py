@@ -49,7 +49,7 @@ class GPTConfig:
     n_expert: int = 0
     top_k: int = 2
     moe_every: int = 1  # MoE in blocks 0, moe_every, 2·moe_every, …
-    expert_hidden: int = 0  # 0: the dense width / top_k (to a multiple of 8), so active FFN weights match the dense
+    expert_hidden: int = 0  # 0: the dense width / top_k (to a multiple of 8): active FFN weights ≈ the dense model's
     aux_loss_weight: float = 0.01
     z_loss_weight: float = 0.001
 

@@ -202,8 +202,7 @@ def scan(spec):
     logged, other_data = next((r['val_hash'] for r in reversed(records) if 'val_hash' in r), None), False
     if found == wanted and (logged is not None or ckpt is not None):
         meta, val_hash = data_now(spec['settings'])
-        with reading(os.path.join(d, CKPT), hint):
-            other_data = ckpt is not None and ckpt.get('meta') != meta or logged not in (None, val_hash)
+        other_data = (ckpt is not None and ckpt.get('meta') != meta) or logged not in (None, val_hash)
     if found is not None and found != wanted or other_data:
         state = 'mismatch'
     elif saved == spec['settings']['max_iters'] and evaluated(saved):

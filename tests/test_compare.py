@@ -351,7 +351,8 @@ def test_a_run_trained_before_its_dataset_was_prepared_again_is_refused(shakespe
     ckpt = {'config': spec['settings'], 'world_size': 1, 'iter_num': 2, 'meta': meta}
     torch.save(ckpt, os.path.join(spec['dir'], 'ckpt.pt'))
     assert scan_state(spec) == 'resume'
-    torch.save({**ckpt, 'meta': {**meta, 'train_tokens': meta['train_tokens'] + 1}}, os.path.join(spec['dir'], 'ckpt.pt'))
+    ckpt['meta'] = {**meta, 'train_tokens': meta['train_tokens'] + 1}
+    torch.save(ckpt, os.path.join(spec['dir'], 'ckpt.pt'))
     assert scan_state(spec) == 'mismatch'  # the same validation windows, another training split
     job = compare.Job.__new__(compare.Job)  # as Job.__init__ leaves it once its train.py has exited with status 0
     job.run, job.t0, job.name, job.resumed_from = runs.scan(spec), 0.0, spec['name'], None
