@@ -15,7 +15,7 @@ A mistake raises UserError with one sentence; run_cli(main) prints it on stderr 
 A file nanoFFN wrote itself is trusted where it is used, and any failure to use it becomes such a sentence (reading).
 A run that has to stop raises RunStopped (exit status 3); Ctrl-C exits with 130, also while a command imports torch
 (quiet_interrupt), and SIGTERM where a command stops on it as on Ctrl-C (raise_terminated) with 143. Only the standard
-library is imported here, so that a command can call it first.
+library is imported here, so that a command can call it first, and on Windows it ends the command at once.
 """
 import ast
 import difflib
@@ -25,6 +25,9 @@ import sys
 import textwrap
 from contextlib import contextmanager
 
+if sys.platform == 'win32':  # flock (a run's lock, a dataset's), pass_fds and POSIX signals: not on Windows
+    print("error: nanoFFN runs on Linux and macOS; on Windows, run it in WSL (wsl --install).", file=sys.stderr)
+    sys.exit(2)
 
 class UserError(Exception):
     """A mistake the user can fix: the CLI prints its one-sentence message and exits with status 2."""

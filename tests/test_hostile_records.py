@@ -247,10 +247,23 @@ def test_main_gets_python_ctrl_c_and_the_rest_the_quiet_one():
         signal.signal(signal.SIGINT, before)
 
 
+COMMANDS = ['train.py', 'compare.py', 'sample.py', 'inspect_run.py', 'bench.py',
+            *(f'data/{d}/prepare.py' for d in ('shakespeare_char', 'shakespeare', 'text', 'openwebtext', 'fineweb10B'))]
+
+
+@pytest.mark.parametrize('script', COMMANDS)
+def test_on_windows_a_command_says_at_once_where_it_runs(script):
+    """Without flock and POSIX signals a command would fail deep inside (or a stale-file check end another process):
+    on Windows every command stops before it imports anything else, in one sentence that names WSL, status 2."""
+    run_as_windows = (f"import runpy, sys; sys.platform = 'win32'; sys.argv = [{script!r}]; "
+                      f"runpy.run_path({script!r}, run_name='__main__')")
+    p = subprocess.run([sys.executable, '-c', run_as_windows], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stdout) == (2, '') and p.stderr == (
+        'error: nanoFFN runs on Linux and macOS; on Windows, run it in WSL (wsl --install).\n'), p.stderr
+
+
 @pytest.mark.skipif(not os.path.exists('/proc/self/maps'), reason='watches the import of torch in /proc')
-@pytest.mark.parametrize('script', ['train.py', 'compare.py', 'sample.py', 'inspect_run.py', 'bench.py',
-                                    *(f'data/{d}/prepare.py' for d in ('shakespeare_char', 'shakespeare', 'text',
-                                                                       'openwebtext', 'fineweb10B'))])
+@pytest.mark.parametrize('script', COMMANDS)
 def test_ctrl_c_while_a_command_imports_torch(script, tmp_path):
     """SIGINT as soon as the command has begun to load its heaviest library, in the middle of `import torch` (a prepare
     script's: numpy, it imports no torch): status 130, one line. The child takes SIGINT as in a terminal (a shell's
