@@ -136,8 +136,9 @@ def min_params(c):
     of width moe_hidden and its router); norms, biases and activation extras are left out."""
     d, L, mats = c.n_embd, c.n_layer, 3 if VARIANTS[c.ffn].gated else 2
     moe = len(range(0, L, c.moe_every)) if c.n_expert else 0
+    experts = moe * c.n_expert * d * (mats * c.moe_hidden + 1) if moe else 0  # a dense model's top_k may be 0
     return (d * (c.padded_vocab_size + c.block_size * (c.pos == 'learned')) + 4 * d * d * L
-            + (L - moe) * mats * d * c.ffn_hidden + moe * c.n_expert * d * (mats * c.moe_hidden + 1))
+            + (L - moe) * mats * d * c.ffn_hidden + experts)
 
 
 def memory_needs(cfg, c):

@@ -625,7 +625,8 @@ ACCEPTED = ([dict(init_from=v) for v in ('scratch', 'resume')]
             + [{k: 0.0} for k in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops',
                                   'aux_loss_weight', 'z_loss_weight')]
             + [{k: v} for k in ('beta1', 'beta2') for v in (0.0, BELOW_1)]
-            + [dict(seed=0), dict(seed=configurator.MAX_SEED)])
+            + [dict(seed=0), dict(seed=configurator.MAX_SEED)]
+            + [dict(n_expert=0, top_k=0)])  # top_k is a dense model's to ignore, in every check
 
 
 @pytest.mark.parametrize('changes', ACCEPTED, ids=[repr(c) for c in ACCEPTED])
