@@ -184,7 +184,8 @@ def _init_alpha(names, la_init):
         return torch.ones(K)
     if la_init.startswith("onehot:") and la_init[len("onehot:"):] in names:
         return F.one_hot(torch.tensor(names.index(la_init[len("onehot:"):])), K).float()
-    raise ValueError(f"la_init must be 'onehot', 'mean', 'sum' or 'onehot:NAME' with NAME in {names}; got {la_init!r}")
+    raise ValueError(f"la_init must be onehot, mean, sum or onehot:NAME with NAME one of {', '.join(names)} (or A/B of "
+                     f"the last three: gate/up branch); got {la_init!r}")
 
 
 class LA(Activation):
@@ -361,10 +362,13 @@ def _poly(kind):
 def _branch_init(cfg, branch):
     """la_init 'A/B' gives the gate branch init A and the up branch init B (glu variants); a single value serves both."""
     la_init = BASELINE_INIT[VARIANTS[cfg.ffn].kind] if cfg.la_init == "onehot" else cfg.la_init
-    init = la_init.split("/")[min(branch, la_init.count("/"))]
-    if cfg.la_init == "onehot" and init[len("onehot:"):] not in parse_dict(cfg.act_dict):
+    parts, names = la_init.split("/"), parse_dict(cfg.act_dict)
+    init = parts[min(branch, len(parts) - 1)]
+    if cfg.la_init == "onehot" and init[len("onehot:"):] not in names:
         raise ValueError(f"la_init=onehot starts {cfg.ffn} as {la_init}, so act_dict must contain "
                          f"{init[len('onehot:'):]}; add it or choose la_init=mean, sum or onehot:NAME")
+    for part in [cfg.la_init] if len(parts) > 2 or "onehot" in parts else parts:  # bare onehot: a whole variant's
+        _init_alpha(names, part)  # each branch's init checked, the one this variant reads or not
     return init
 
 

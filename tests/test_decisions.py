@@ -626,7 +626,8 @@ ACCEPTED = ([dict(init_from=v) for v in ('scratch', 'resume')]
                                   'aux_loss_weight', 'z_loss_weight')]
             + [{k: v} for k in ('beta1', 'beta2') for v in (0.0, BELOW_1)]
             + [dict(seed=0), dict(seed=configurator.MAX_SEED)]
-            + [dict(n_expert=0, top_k=0)])  # top_k is a dense model's to ignore, in every check
+            + [dict(n_expert=0, top_k=0)]  # top_k is a dense model's to ignore, in every check
+            + [dict(ffn='la_glu', la_init='mean/onehot:relu'), dict(ffn='la', la_init='onehot:gelu/sum')])
 
 
 @pytest.mark.parametrize('changes', ACCEPTED, ids=[repr(c) for c in ACCEPTED])
@@ -657,6 +658,11 @@ REFUSED_SETTINGS = [
     (dict(seed=-1), f"--seed must be between 0 and {configurator.MAX_SEED}, got -1."),
     (dict(seed=configurator.MAX_SEED + 1), "--seed must be between 0 and 2147483647, got 2147483648."),
     (dict(ffn='polyrelu', poly_order=9), "poly_order must be 2, 3 or 4, got 9."),  # the activation's own check
+    *((dict(ffn=ffn, la_init=v), f"la_init must be onehot, mean, sum or onehot:NAME with NAME one of identity, relu, "
+                                 f"relu2, gelu, silu, tanh (or A/B of the last three: gate/up branch); got {got!r}.")
+      for ffn, v, got in [('la_glu', 'onehot/mean', 'onehot/mean'),  # bare onehot is a whole variant's init
+                          ('la_glu', 'mean/sum/onehot:relu', 'mean/sum/onehot:relu'),  # two branches, two parts
+                          ('la', 'mean/bad', 'bad'), ('moa', 'onehot:tanhh', 'onehot:tanhh')]),  # B, read or not
     (dict(norm='batchnorm'), "--norm must be rmsnorm or layernorm, --pos rope or learned."),  # model_config's
 ]
 
