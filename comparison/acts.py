@@ -127,9 +127,11 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
         rows, x_rows, usage = branch_rows(block.ffn, x)
         acts = {name: getattr(block.ffn, name) for name in rows}  # act, and act_up for a GLU
         branches = {n: branch_report(acts[n], init, rows[n], x_rows, bins) for n, init in zip(rows, init_acts)}
-        # the gate panels: each activation with per-token coefficients, named by its dictionary (MoA) or numbered
+        # the gate panels: each activation with per-token coefficients, named by its dictionary (MoA) or numbered;
+        # of each token once (an MoE's experts share them), not of each (token, expert) pair
+        tokens = x.reshape(-1, x.shape[-1])
         gates = {n: gate_report(c, getattr(a, 'names', range(c.shape[-1]))) for n, a in acts.items()
-                 if (c := a.token_gates(x_rows)) is not None}
+                 if (c := a.token_gates(tokens)) is not None}
         layer = {'moe': usage is not None, 'branches': branches, 'gates': gates}
         if usage is not None:
             layer['expert_tokens'] = usage

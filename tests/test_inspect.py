@@ -161,6 +161,8 @@ def test_moved_is_zero_at_init(shakespeare_char_dir, tmp_path, model_args):
         # a gate panel for each activation with per-token coefficients: MoA's, and both branches of moa_glu
         assert len(layer['gates']) == {'moa': 1, 'moa_glu': 2}.get(model_args['ffn'], 0)
         assert all(s == 0.0 for g in layer['gates'].values() for s in g['std'])  # MoA starts as LA: c_k(x) = α_k
+        # the gates are a token's, shared by its experts: each token counted once, in an MoE too
+        assert all(sum(g['entropy_counts']) == 4 * 32 for g in layer['gates'].values())
 
 
 def test_moved_after_training(compared):
