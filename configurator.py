@@ -252,12 +252,12 @@ def resumed_settings(cfg, given, ckpt):
 def model_args(cfg, meta, ckpt):
     """The model keys of a run: its checkpoint's, or its settings' with vocab_size 0 as the dataset's (meta)."""
     if ckpt is not None:
-        vocabulary = lambda m: [m.get(k) for k in ('tokenizer', 'vocab_size', 'itos')]
         with loading(os.path.join(cfg['out_dir'], CKPT)):
-            same, args = vocabulary(ckpt['meta']) == vocabulary(meta), dict(ckpt['model_args'])
-        if not same:
-            raise UserError(f"{cfg['dataset']} has another vocabulary than this run trained on (prepared again?); "
-                            f"resume with the data it trained on, or train a new run in another out_dir.")
+            same, args = ckpt['meta'] == meta, dict(ckpt['model_args'])
+        if not same:  # another vocabulary, or other tokens: the checkpoint is fine, the data are not its own
+            raise UserError(f"{cfg['dataset']} was prepared again since this run's checkpoint (its meta.json differs: "
+                            f"the vocabulary or the token counts); resume with the data it trained on, or train a new "
+                            f"run in another out_dir.")
         return args
     if 0 < cfg['vocab_size'] < meta['vocab_size']:
         raise UserError(f"--vocab_size={cfg['vocab_size']} is smaller than the dataset's {meta['vocab_size']} tokens; "

@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import torch
 
-from data.shards import check_vocab, open_shard, shard_info, shard_paths
-from machinery.cli import UserError
+from data.shards import check_replaceable, check_vocab, open_shard, shard_info, shard_paths
+from machinery.cli import RunStopped, UserError
 from machinery.files import read_json
 
 DATA_DIR = os.path.dirname(os.path.abspath(__file__))  # the repo's data/, where prepare scripts write by default
@@ -58,10 +58,7 @@ def open_loader(dataset, block_size, batch_size, seed, data_dir="data", rank=0, 
             return DataLoader(dataset, block_size, batch_size, seed, rank, world_size, data_dir)
         except DatasetNotPrepared:
             pass
-        if shard_paths(out, "train") + shard_paths(out, "val"):  # without meta.json: not shards a preparation finished
-            raise UserError(f"{out} holds shards but no meta.json, so they are not a dataset prepared there and "
-                            f"preparing {dataset} would replace them; move them away, or point --data_dir at another "
-                            f"folder.")
+        check_replaceable(out, "point --data_dir at another folder")  # never over files no preparation wrote
         print(f"preparing the bundled dataset {dataset} into {out} (once, seconds)", file=sys.stderr)
         p = subprocess.run([sys.executable, os.path.join(DATA_DIR, dataset, "prepare.py"), f"--out_dir={out}"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -78,6 +75,7 @@ class _Split:
     def __init__(self, paths, window, vocab_size):
         self.paths, self.window, self.vocab_size = paths, window, vocab_size
         info = [shard_info(p) for p in paths]  # validates every header
+        self.files = [_file_id(p) for p in paths]  # a shard replaced while a run reads it is caught as it is drawn
         self.n_tokens = np.array([n for n, _ in info], dtype=np.int64)
         # an id outside the vocabulary would fail deep in the model: checked here, or when first read if not recorded
         for path, (_, id_bound) in zip(paths, info):
@@ -94,6 +92,10 @@ class _Split:
         start = u - self.first_window[shard]
         out = np.empty((n, self.window), dtype=np.uint16)
         for s in np.unique(shard):
+            if _file_id(self.paths[s]) != self.files[s]:  # its windows and hashes would be another dataset's
+                raise RunStopped(f"{self.paths[s]} was replaced while this command read it (its dataset was prepared "
+                                 f"again), so its batches are no longer this run's; prepare the data it trained on "
+                                 f"and resume, or start the run again.")
             tokens = open_shard(self.paths[s], int(self.n_tokens[s]))
             if s in self.unchecked:
                 check_vocab(self.paths[s], int(tokens.max()) + 1, self.vocab_size)  # a drawn shard has tokens
@@ -102,6 +104,15 @@ class _Split:
                 out[i] = tokens[start[i]:start[i] + self.window]
             del tokens  # a memmap kept open would grow the process' resident memory with every page it touched
         return out
+
+
+def _file_id(path):
+    """Which file path names now: another inode, size or modification time is another file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def read_meta(path):

@@ -1,13 +1,14 @@
 """Token shards (modded-nanogpt's format): a 256 x int32 header [20240520, 1, n_tokens, 1 + largest id or 0, 0...],
 then n_tokens uint16 tokens, little-endian. Written atomically, checked when opened (details: data/README.md)."""
 import contextlib
+import fcntl
 import glob
 import os
 
 import numpy as np
 
 from machinery.cli import UserError
-from machinery.files import check_writable, write_file, write_json
+from machinery.files import check_writable, read_json, remove_dead_temps, write_file, write_json
 
 MAGIC = 20240520
 VERSION = 1
@@ -85,28 +86,50 @@ def check_out_dir(out_dir, shard_tokens=SHARD_TOKENS):
     check_writable(out_dir, create=True)
 
 
+def check_replaceable(dataset_dir, hint):
+    """A UserError unless every file a preparation of dataset_dir would replace (shards, meta.json) is one a
+    preparation wrote: its meta.json is write_dataset's, in place or staged (a kill cut its swap short)."""
+    if any("train_tokens" in (read_json(os.path.join(dataset_dir, s + "meta.json")) or {}) for s in ("", STAGING)):
+        return
+    names = [os.path.basename(p) for p in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val")]
+    names += ["meta.json"] if os.path.exists(os.path.join(dataset_dir, "meta.json")) else []
+    if names:
+        raise UserError(f"{dataset_dir} holds {', '.join(names[:3])}{', ...' if len(names) > 3 else ''} but no "
+                        f"meta.json of a prepared dataset, so preparing there would replace them; move them away, or "
+                        f"{hint}.")
+
+
 def write_dataset(dataset_dir, train, val, meta, shard_tokens=SHARD_TOKENS):
     """A dataset as {split}_000.bin, ... of at most shard_tokens tokens, then meta.json last (it marks a complete
-    dataset). The new files replace the earlier ones only once all are written: a failed write changes nothing."""
+    dataset). The new files replace the earlier ones only once all are written: a failed write changes nothing. One
+    preparation of a folder at a time (a second waits, then replaces the first's), and never over files that none
+    wrote."""
     check_out_dir(dataset_dir, shard_tokens)
-    parts = [(f"{split}_{k:03d}.bin", tokens[i:i + shard_tokens]) for split, tokens in (("train", train), ("val", val))
-             for k, i in enumerate(range(0, max(len(tokens), 1), shard_tokens))]
-    names = [name for name, _ in parts] + ["meta.json"]  # meta.json last: it marks a complete dataset
-    staged = lambda name: os.path.join(dataset_dir, STAGING + name)
-    meta = {**meta, "train_tokens": len(train), "val_tokens": len(val)}
-    try:
-        for name, tokens in parts:
-            write_shard(staged(name), tokens)
-        write_json(staged("meta.json"), meta)
-    except BaseException:
+    check_replaceable(dataset_dir, "choose another folder")
+    with open(os.path.join(dataset_dir, ".prepare.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        remove_dead_temps(dataset_dir)  # what a preparation killed mid-write left: no live one writes here now
+        for path in glob.glob(os.path.join(glob.escape(dataset_dir), STAGING + "*")):
+            os.remove(path)
+        parts = [(f"{split}_{k:03d}.bin", tokens[i:i + shard_tokens])
+                 for split, tokens in (("train", train), ("val", val))
+                 for k, i in enumerate(range(0, max(len(tokens), 1), shard_tokens))]
+        names = [name for name, _ in parts] + ["meta.json"]  # meta.json last: it marks a complete dataset
+        staged = lambda name: os.path.join(dataset_dir, STAGING + name)
+        meta = {**meta, "train_tokens": len(train), "val_tokens": len(val)}
+        try:
+            for name, tokens in parts:
+                write_shard(staged(name), tokens)
+            write_json(staged("meta.json"), meta)
+        except BaseException:
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(staged(name))
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(dataset_dir, "meta.json"))  # until the new one is in, the dataset is not prepared
+        for path in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val"):
+            os.remove(path)  # no stale shard may outlive a re-prepare
         for name in names:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(staged(name))
-        raise
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(dataset_dir, "meta.json"))  # until the new one is in, the dataset reads as not prepared
-    for path in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val"):
-        os.remove(path)  # no stale shard may outlive a re-prepare
-    for name in names:
-        os.replace(staged(name), os.path.join(dataset_dir, name))
-    return meta
+            os.replace(staged(name), os.path.join(dataset_dir, name))
+        return meta

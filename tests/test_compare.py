@@ -391,7 +391,7 @@ def test_a_bundled_dataset_is_prepared_on_demand(tmp_path):
     assert meta['tokenizer'] == 'char' and meta['vocab_size'] == 84
     os.remove(tmp_path / 'shakespeare_char' / 'meta.json')  # shards without meta.json: none it may replace
     before = {n: open(tmp_path / 'shakespeare_char' / n, 'rb').read() for n in os.listdir(tmp_path / 'shakespeare_char')}
-    with pytest.raises(UserError, match='holds shards but no meta.json'):
+    with pytest.raises(UserError, match='holds train_000.bin, val_000.bin but no meta.json of a prepared dataset'):
         compare.check_dataset(cfg)
     assert {n: open(tmp_path / 'shakespeare_char' / n, 'rb').read() for n in os.listdir(tmp_path / 'shakespeare_char')} \
         == before

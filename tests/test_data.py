@@ -485,7 +485,7 @@ def test_shakespeare_prepare_scripts_run_offline(tmp_path, name, tokens, vocab):
     assert result.returncode == 0, result.stderr
     meta = json.load(open(out / "meta.json"))
     assert meta["vocab_size"] == vocab and meta["train_tokens"] + meta["val_tokens"] == tokens
-    assert sorted(os.listdir(out)) == ["meta.json", "train_000.bin", "val_000.bin"]
+    assert sorted(os.listdir(out)) == [".prepare.lock", "meta.json", "train_000.bin", "val_000.bin"]
     tok = get_tokenizer(meta)
     train, val = (np.array(open_shard(str(out / f"{split}_000.bin"))) for split in ("train", "val"))
     text = read_shakespeare()
@@ -517,6 +517,11 @@ def test_text_prepare_turns_local_files_into_a_dataset(tmp_path):
     assert meta["val_tokens"] == round(0.2 * len(stream))
     meta = text_prepare.prepare(str(tmp_path / "in" / "b.txt"), "char", out_dir=str(tmp_path / "c"), val_fraction=0.2)
     assert meta["vocab_size"] == len(set("Second file, café.\n"))
+    twice = [str(tmp_path / "in"), os.path.relpath(tmp_path / "in" / "b.txt"), str(tmp_path / "in" / "." / "b.txt")]
+    assert text_prepare.prepare(twice, "char", out_dir=str(tmp_path / "once"))["files"] == 2  # a file counts once
+    (tmp_path / "five.txt").write_text("hello world, tiny.", encoding="utf-8")  # 5 gpt2 tokens and the separator
+    meta = text_prepare.prepare(str(tmp_path / "five.txt"), "gpt2", out_dir=str(tmp_path / "five"))
+    assert (meta["train_tokens"], meta["val_tokens"]) == (4, 2)  # val holds a window of 2 tokens at least
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     with pytest.raises(UserError, match="latin1.txt' is not UTF-8 text"):
         text_prepare.prepare(str(tmp_path / "latin1.txt"), "gpt2", out_dir=str(tmp_path / "x"))
@@ -533,6 +538,58 @@ def test_prepare_mistakes_are_one_sentence_and_keep_what_was_written(tmp_path):
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(UserError, match="cannot create the folder .*file/ds \\(Not a directory\\)"):
         write_dataset(str(tmp_path / "file" / "ds"), np.arange(10), np.arange(5), meta)
+
+
+def test_prepare_never_replaces_files_no_preparation_wrote_and_clears_what_a_kill_left(tmp_path):
+    """A folder of the user's (shards, a meta.json of its own) is refused and kept; a preparation whose swap a kill
+    cut short (its staged meta.json is there, no meta.json in place) is its own: prepared again, nothing of it stays."""
+    meta = {"dataset": "ds", "tokenizer": "char", "vocab_size": 10}
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name, data in (("train_results.bin", b"1"), ("val_scores.bin", b"2"), ("meta.json", b'{"mine": 1}')):
+        (mine / name).write_bytes(data)
+    before = all_files(mine)
+    with pytest.raises(UserError, match=r"holds train_results.bin, val_scores.bin, meta.json but no meta.json of a "
+                                        r"prepared dataset, so preparing there would replace them"):
+        write_dataset(str(mine), np.arange(10), np.arange(5), meta)
+    assert all_files(mine) == before
+    ds = tmp_path / "ds"
+    write_dataset(str(ds), np.arange(20) % 10, np.arange(10), meta, shard_tokens=4)
+    os.rename(ds / "meta.json", ds / "partial_meta.json")  # killed in the swap: new shards in, meta.json not yet
+    (ds / "partial_train_000.bin").write_bytes(b"half")
+    (ds / ".train_001.bin.tmp999999999").write_bytes(b"half")  # a dead process's temporary file
+    write_dataset(str(ds), np.arange(12) % 10, np.arange(6), meta, shard_tokens=4)
+    assert sorted(os.listdir(ds)) == [".prepare.lock", "meta.json", "train_000.bin", "train_001.bin", "train_002.bin",
+                                      "val_000.bin", "val_001.bin"]
+
+
+def test_a_second_preparation_of_a_folder_waits_for_the_first(tmp_path):
+    import fcntl
+    import threading
+    meta = {"dataset": "ds", "tokenizer": "char", "vocab_size": 10}
+    ds = tmp_path / "ds"
+    write_dataset(str(ds), np.arange(20) % 10, np.arange(10), meta)
+    with open(ds / ".prepare.lock", "a") as lock:  # as a preparation in progress holds it
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        second = threading.Thread(target=write_dataset, args=(str(ds), np.arange(8), np.arange(4), meta))
+        second.start()
+        second.join(1.0)
+        assert second.is_alive() and json.loads((ds / "meta.json").read_text())["train_tokens"] == 20
+    second.join(60)
+    assert json.loads((ds / "meta.json").read_text())["train_tokens"] == 8
+
+
+def test_a_dataset_prepared_again_under_a_reading_run_stops_it_in_a_sentence(tmp_path):
+    """Its shards are read afresh at each batch: another file under the same name (other windows, another size) stops
+    the run, never a traceback deep in numpy nor batches of other data."""
+    meta = {"dataset": "ds", "tokenizer": "char", "vocab_size": 10}
+    write_dataset(str(tmp_path / "ds"), np.arange(200) % 10, np.arange(50) % 10, meta)
+    loader = DataLoader("ds", 8, 2, 0, data_dir=str(tmp_path))
+    loader.next_batch()
+    write_dataset(str(tmp_path / "ds"), np.arange(100) % 10, np.arange(50) % 10, meta)
+    with pytest.raises(RunStopped, match=r"train_000.bin was replaced while this command read it \(its dataset was "
+                                         r"prepared again\)"):
+        loader.next_batch()
 
 
 def test_a_failed_meta_write_leaves_the_earlier_dataset_whole(tmp_path, monkeypatch):
@@ -640,7 +697,7 @@ def test_your_text_never_takes_the_name_of_a_dataset_nanoffn_prepares(scripts, t
     assert code == 0 and (tmp_path / "mine" / "meta.json").exists()  # ~ is the user's home, as in a shell
     (tmp_path / "short.txt").write_text("a")
     code, err = run(scripts["text"].main, ["--input=~/short.txt", "--name=short", "--tokenizer=char"], capsys)
-    assert_one_line(code, err, 2, "the text is only 1 tokens long")
+    assert_one_line(code, err, 2, "the text is only 1 token(s) long")
     assert not (tmp_path / "short").exists()  # a mistake in the input leaves no folder behind
 
 
@@ -722,7 +779,7 @@ def test_a_command_that_waited_for_another_ones_preparation_reads_it(tmp_path, m
     flock = loader.fcntl.flock
 
     def another_prepares_meanwhile(f, op):
-        if op == loader.fcntl.LOCK_EX:
+        if op == loader.fcntl.LOCK_EX and f.name.endswith(".shakespeare_char.lock"):  # the loader's, not a prepare's
             prepare(str(tmp_path / "shakespeare_char"))
         flock(f, op)
     monkeypatch.setattr(loader.fcntl, "flock", another_prepares_meanwhile)

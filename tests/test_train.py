@@ -140,7 +140,10 @@ def test_resume_applies_the_given_optimizer_settings(tiny_run, tmp_path, monkeyp
     assert seen == [[(0.5, (0.8, 0.9)), (0.0, (0.8, 0.9))]]
 
 
-def test_resume_refuses_a_dataset_prepared_again_with_another_vocabulary(tiny_run, tmp_path, capsys):
+@pytest.mark.parametrize('change', ['itos', 'train_tokens'])
+def test_resume_refuses_a_dataset_prepared_again(tiny_run, tmp_path, capsys, change):
+    """Another vocabulary, or the same one over other text: the data are not the run's, and the sentence says so (not
+    that its checkpoint is damaged)."""
     import shutil
     data, out = tiny_run
     data_copy, run_dir = tmp_path / 'data', str(tmp_path / 'run')
@@ -148,11 +151,12 @@ def test_resume_refuses_a_dataset_prepared_again_with_another_vocabulary(tiny_ru
     shutil.copytree(out, run_dir)
     meta_path = data_copy / 'shakespeare_char' / 'meta.json'
     meta = json.loads(meta_path.read_text())
-    meta['itos'] = meta['itos'][::-1]  # the same size, other characters for the same ids
+    meta[change] = meta[change][::-1] if change == 'itos' else meta[change] + 1  # the same size, other characters
     meta_path.write_text(json.dumps(meta))
     code, err = in_process(train_py.main, [f'--out_dir={run_dir}', '--init_from=resume', '--max_iters=5',
                                            f'--data_dir={data_copy}'], capsys)
-    assert code == 2 and 'another vocabulary' in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and err.startswith("error: shakespeare_char was prepared again since this run's checkpoint")
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_a_new_run_sets_the_old_logs_damaged_lines_aside(tiny_run, tmp_path):

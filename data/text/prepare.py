@@ -3,8 +3,8 @@
     python data/text/prepare.py --input=notes.txt,books/ [--tokenizer=gpt2|char] [--name=text]
     python train.py --dataset=text ...
 
-Each file is a document, in the order of their paths; validation is the last --val_fraction of the token stream, so
-the held-out text is that of the files whose paths sort last.
+Each file is a document, in the order of their full paths; validation is the last --val_fraction of the token stream,
+so the held-out text is that of the files whose paths sort last.
 """
 import os
 import sys
@@ -32,14 +32,15 @@ DEFAULTS = dict(
 
 
 def find_files(inputs):
-    """The .txt files named by inputs (files, or folders searched recursively), sorted, without duplicates."""
+    """The .txt files named by inputs (files, or folders searched recursively) by their full paths, sorted, each once
+    however it was named (a/b.txt, ./a/b.txt, a link): a file twice would put its text in train and val."""
     files = set()
     for item in map(os.path.expanduser, inputs):  # --input=~/notes.txt: no shell expands a ~ after '='
         if os.path.isdir(item):
             for root, _, names in os.walk(item):
-                files.update(os.path.join(root, n) for n in names if n.endswith(".txt"))
+                files.update(os.path.realpath(os.path.join(root, n)) for n in names if n.endswith(".txt"))
         elif os.path.isfile(item):
-            files.add(item)
+            files.add(os.path.realpath(item))
         else:
             raise UserError(f"{item} is neither a file nor a folder; give --input existing .txt files or folders.")
     if not files:
@@ -73,9 +74,10 @@ def prepare(inputs, tokenizer="gpt2", out_dir="", name="text", val_fraction=0.1,
         if tok.vocab_size > 1 << 16:
             raise UserError(f"the text has {tok.vocab_size} distinct characters, more than 65536; use --tokenizer=gpt2.")
         tokens = np.fromiter(map(tok.stoi.__getitem__, text), dtype=np.uint16, count=len(text))
-    n_val = max(1, int(round(len(tokens) * val_fraction)))
+    n_val = max(2, int(round(len(tokens) * val_fraction)))  # a window is at least 2 tokens: an input and a target
     if len(tokens) - n_val < 2:
-        raise UserError(f"the text is only {len(tokens)} tokens long, too short to split into train and val.")
+        raise UserError(f"the text is only {len(tokens)} token(s) long, too short to split into train and val (2 "
+                        f"tokens each at least); give more text.")
     meta = {**tok.meta(), "dataset": os.path.basename(os.path.normpath(out_dir)), "files": len(files),
             "split": f"val = the last {val_fraction:g} of the token stream"}
     return write_dataset(out_dir, tokens[:-n_val], tokens[-n_val:], meta, shard_tokens)
