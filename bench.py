@@ -94,8 +94,9 @@ def setup(cfg):
             raise UserError(f"--{key} must be at least 1, got {cfg[key]}.")
     if cfg["profile"]:
         check_variants(cfg["profile"])
-    # train.py's checks of the keys bench shares: batch_size, compile_mode, the model's and each activation's
-    shared = {**configurator.DEFAULTS, **{k: cfg[k] for k in (*MODEL_DEFAULTS, "batch_size", "compile_mode")}}
+    # train.py's checks of the keys bench shares: the model's and each activation's, batch_size, threads...
+    shared = {**configurator.DEFAULTS,
+              **{k: cfg[k] for k in (*MODEL_DEFAULTS, "batch_size", "compile_mode", "threads", "peak_flops")}}
     for v in variants:
         check({**shared, "ffn": v})
     if cfg["threads"] > 0:  # before compiling: Inductor's C++ kernels take their OpenMP thread count then

@@ -69,6 +69,8 @@ def test_user_mistakes_are_one_sentence_errors(tmp_path):
     for args, words in [(["--variants=gelu,nope"], "unknown ffn"), (["--compile=maybe"], "--compile"),
                         (["--n_head=3"], "divisible"), (["--profile=nope"], "unknown ffn"),
                         (["--vocab_size=0"], "--vocab_size must be at least 1"),
+                        (["--threads=-1"], "--threads must not be negative"),
+                        (["--peak_flops=-1"], "--peak_flops must be a finite number >= 0"),
                         (["--json=/proc/nope/bench.json"], "cannot create the folder"),
                         ([f"--json={tmp_path}"], "is a folder")]:  # before the work
         with pytest.raises(UserError, match=words):
