@@ -59,7 +59,7 @@ class GPTConfig:
 
     @property
     def ffn_hidden(self):
-        """m for the dense FFN: ffn_mult·d, or round(2/3·ffn_mult·d) for gated variants (3·d·m ≈ 2·d·ffn_mult·d)."""
+        """m for the dense FFN: int(ffn_mult·d), or round(2/3 of that) for gated variants (3·d·m ≈ 2·d·ffn_mult·d)."""
         m = int(self.ffn_mult * self.n_embd)
         return round(2 * m / 3) if VARIANTS[self.ffn].gated else m
 
@@ -159,8 +159,9 @@ class FFN(nn.Module):
 class MoE(nn.Module):
     """
     Dropless top-k mixture of FFN experts of the configured variant: y(x) = dropout(Σ_{e in top-k} w_e · FFN_e(x)).
-      router (fp32, no bias): p = softmax(W_r x), keep the top-k, renormalise their weights (k ≥ 2; top-1 keeps p_e,
-        as Switch Transformer does, or the router would learn nothing from the language-model loss);
+      router (fp32, no bias): p = softmax(W_r x), keep the top-k, renormalise their weights (k ≥ 2, as Mixtral does;
+        OLMoE keeps p; top-1 keeps p_e, as Switch Transformer does, or the router would learn nothing from the
+        language-model loss);
       dispatch: the (token, expert) pairs sorted by expert, each expert's rows one group of a grouped matmul.
     A layer's experts share the activation's coefficients, and MoA's gates are computed once per token (as PolyCom's
     OLMoE code does). Returns (y, aux), aux = [load balance w_aux·E/(k·T)·Σ_i c_i·P̄_i (Switch Transformer; c_i the

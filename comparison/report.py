@@ -381,8 +381,11 @@ def write_markdown(path, summary):
                                      for e in summary.get('ran_on', [])) or 'not recorded'), '', table(summary), '',
              f"Final val loss: the last evaluation's. Δ: the difference to {summary['baseline']}, paired by seed (same "
              f"batches); resolved: a paired t-test at 95% (Student's t, n−1 dof). tok/s: median over log lines; train "
-             f"time: optimizer steps only, {times_note(summary)}. params: total (tied embedding once); FFN: "
-             f"W_up/W_gate/W_down (all experts); extras: learned activation coefficients and MoA gates, all layers.",
+             f"time: optimizer steps only, {times_note(summary)}. params: total (tied embedding once)"
+             + ("; active: those a token computes with (its top_k experts)" * any(
+                 s['params']['active'] != s['params']['total'] for s in summary['variants'].values()))
+             + "; FFN: W_up/W_gate/W_down (all experts); extras: learned activation coefficients and MoA gates, all "
+             "layers.",
              f"Seed noise (pooled over variants): std of the final val loss {summary['seed_std']:.4f}, of the paired "
              f"differences {fmt_loss(summary['paired_diff_std'])}." if summary['seed_std'] is not None
              else "One seed: no estimate of seed noise (use --seeds=3).", '']

@@ -1,4 +1,5 @@
-# A toy MoE version of config/shakespeare_char.py (its dense match), for a laptop CPU: same active parameters, 4x total.
+# A toy MoE version of config/shakespeare_char.py (its dense match), for a laptop CPU: the same active parameters, 3x
+# the total (4x the FFN weights).
 #   python train.py config/shakespeare_char_moe.py --out_dir=out-sc-moe
 # Tokens: as config/shakespeare_char.py. MoE against dense step time (bench.py --n_expert=8): BENCHMARKS.md.
 

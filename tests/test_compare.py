@@ -754,3 +754,15 @@ def test_a_variants_own_rate_is_checked_before_any_run_directory_is_written(shak
     code, err = call(compare.main, argv, capsys)
     assert code == 2 and 'Traceback' not in err and len(err.strip().splitlines()) == 1 and 'min_lr' in err
     assert not os.path.exists(tmp_path / 'out')
+
+
+def test_a_summary_explains_active_parameters_only_where_it_shows_them(tmp_path):
+    """An MoE's params column adds '(N active)': its footnote then says what that is; a dense comparison's does not."""
+    summary = json.load(open(os.path.join(REPO, 'results', 'compare_shakespeare_char', 'summary.json')))
+    explained = lambda: 'active: those a token computes with (its top_k experts)' in (tmp_path / 's.md').read_text()
+    report.write_markdown(str(tmp_path / 's.md'), summary)
+    assert not explained()
+    params = next(iter(summary['variants'].values()))['params']
+    params['active'] = params['total'] // 2
+    report.write_markdown(str(tmp_path / 's.md'), summary)
+    assert explained()
