@@ -232,7 +232,8 @@ class MoA(Activation):
         self.basis = tuple(BASIS[n] for n in self.names)
         plain = gate == "plain_sigmoid"
         self.alpha = None if plain else nn.Parameter(_init_alpha(self.names, la_init))
-        self.mix_logits = nn.Linear(n_embd, len(self.names), bias=not plain)
+        # skip_init draws nothing from the RNG: a run then starts on the very weights of its seed's GELU run
+        self.mix_logits = nn.utils.skip_init(nn.Linear, n_embd, len(self.names), bias=not plain)
         self.mix_logits.zero_init = True  # a GPT's weight init keeps it at zero too
         for p in self.mix_logits.parameters():
             nn.init.zeros_(p)

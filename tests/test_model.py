@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from activations import VARIANTS, make_activations
+from activations import BASELINE, VARIANTS, make_activations
 from model import GPTConfig
 from model import FFN, GPT, MoE, Block
 
@@ -31,6 +31,19 @@ def corpus_batch(n_rows, length, offset=100_000):
     chunk = text[offset : offset + n_rows * (length + 1)]
     ids = torch.tensor([chars.index(c) for c in chunk]).view(n_rows, length + 1)
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous(), len(chars)
+
+
+@pytest.mark.parametrize("moe", [{}, dict(n_expert=4, top_k=2)], ids=["dense", "moe"])
+@pytest.mark.parametrize("ffn", FFN_VARIANTS)
+def test_every_variant_starts_on_its_baselines_weights_at_the_same_seed(ffn, moe):
+    """A comparison pairs runs by seed: a variant's run starts on the very weights its baseline's run of that seed
+    starts on (embeddings, attention, FFN matrices), so their difference is the activation's, not the init's.
+    Building an activation must draw nothing from the RNG."""
+    def weights(name):
+        torch.manual_seed(1337)
+        return dict(tiny(name, **moe).named_parameters())
+    mine, base = weights(ffn), weights(BASELINE[VARIANTS[ffn].kind])
+    assert set(base) <= set(mine) and all(torch.equal(mine[k], base[k]) for k in base)  # mine: and its extras
 
 
 @pytest.mark.parametrize("ffn", FFN_VARIANTS)
