@@ -253,11 +253,12 @@ def model_args(cfg, meta, ckpt):
     """The model keys of a run: its checkpoint's, or its settings' with vocab_size 0 as the dataset's (meta)."""
     if ckpt is not None:
         with loading(os.path.join(cfg['out_dir'], CKPT)):
-            same, args = ckpt['meta'] == meta, dict(ckpt['model_args'])
-        if not same:  # another vocabulary, or other tokens: the checkpoint is fine, the data are not its own
-            raise UserError(f"{cfg['dataset']} was prepared again since this run's checkpoint (its meta.json differs: "
-                            f"the vocabulary or the token counts); resume with the data it trained on, or train a new "
-                            f"run in another out_dir.")
+            saved, args = ckpt['meta'], dict(ckpt['model_args'])
+            differ = sorted(k for k in {**saved, **meta} if saved.get(k) != meta.get(k))
+        if differ:  # another vocabulary, other tokens: the data are not the run's
+            raise UserError(f"{cfg['dataset']}'s meta.json differs from the one this run trained on in "
+                            f"{', '.join(differ)} (prepared again?); resume with the data it trained on, or train a "
+                            f"new run in another out_dir.")
         return args
     if 0 < cfg['vocab_size'] < meta['vocab_size']:
         raise UserError(f"--vocab_size={cfg['vocab_size']} is smaller than the dataset's {meta['vocab_size']} tokens; "

@@ -59,7 +59,7 @@ class GPTConfig:
 
     @property
     def ffn_hidden(self):
-        """m for the dense FFN: int(ffn_mult·d), or round(2/3 of that) for gated variants (3·d·m ≈ 2·d·ffn_mult·d)."""
+        """m for the dense FFN: int(ffn_mult·d), or round(2/3 of it) when gated (3·d·m ≈ 2·d·ffn_mult·d)."""
         m = int(self.ffn_mult * self.n_embd)
         return round(2 * m / 3) if VARIANTS[self.ffn].gated else m
 

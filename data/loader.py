@@ -107,20 +107,21 @@ class _Split:
 
 
 def _file_id(path):
-    """Which file path names now: another inode, size or modification time is another file."""
+    """Which file path names now: another size or modification time is another file (inode numbers are not stable on
+    every network filesystem)."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
+    return st.st_size, st.st_mtime_ns
 
 
 def read_meta(path):
     """A dataset's meta.json, checked: a JSON object with a positive int vocab_size (it sizes the model)."""
     meta = read_json(path) or {}
     if type(meta.get("vocab_size")) is not int or meta["vocab_size"] < 1:
-        raise UserError(f"{path} is damaged (it must be a JSON object with an integer vocab_size); prepare the "
-                        f"dataset again.")
+        raise UserError(f"{path} is damaged (it must be a JSON object with an integer vocab_size); delete it and the "
+                        f"shards beside it, then prepare the dataset again.")
     return meta
 
 

@@ -2,13 +2,14 @@
 then n_tokens uint16 tokens, little-endian. Written atomically, checked when opened (details: data/README.md)."""
 import contextlib
 import fcntl
+import filecmp
 import glob
 import os
 
 import numpy as np
 
 from machinery.cli import UserError
-from machinery.files import check_writable, read_json, remove_dead_temps, write_file, write_json
+from machinery.files import check_writable, read_json, write_file, write_json
 
 MAGIC = 20240520
 VERSION = 1
@@ -88,7 +89,8 @@ def check_out_dir(out_dir, shard_tokens=SHARD_TOKENS):
 
 def check_replaceable(dataset_dir, hint):
     """A UserError unless every file a preparation of dataset_dir would replace (shards, meta.json) is one a
-    preparation wrote: its meta.json is write_dataset's, in place or staged (a kill cut its swap short)."""
+    preparation wrote: there is a meta.json that counts its tokens (every prepare.py's does), in place or staged (a
+    swap under way, or one a kill cut short)."""
     if any("train_tokens" in (read_json(os.path.join(dataset_dir, s + "meta.json")) or {}) for s in ("", STAGING)):
         return
     names = [os.path.basename(p) for p in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val")]
@@ -101,35 +103,43 @@ def check_replaceable(dataset_dir, hint):
 
 def write_dataset(dataset_dir, train, val, meta, shard_tokens=SHARD_TOKENS):
     """A dataset as {split}_000.bin, ... of at most shard_tokens tokens, then meta.json last (it marks a complete
-    dataset). The new files replace the earlier ones only once all are written: a failed write changes nothing. One
-    preparation of a folder at a time (a second waits, then replaces the first's), and never over files that none
-    wrote."""
+    dataset). The new files replace the earlier ones only once all are written: a failed write changes nothing, and
+    the same data again leave every file as it was (a run reading them goes on). One preparation of a folder at a time
+    (a second waits, then replaces the first's), never over files that none wrote: all along, the folder holds a
+    meta.json or a staged one (check_replaceable)."""
     check_out_dir(dataset_dir, shard_tokens)
     check_replaceable(dataset_dir, "choose another folder")
-    with open(os.path.join(dataset_dir, ".prepare.lock"), "a") as lock:
+    path = lambda name: os.path.join(dataset_dir, name)
+    with open(path(".prepare.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
-        remove_dead_temps(dataset_dir)  # what a preparation killed mid-write left: no live one writes here now
-        for path in glob.glob(os.path.join(glob.escape(dataset_dir), STAGING + "*")):
-            os.remove(path)
+        for pattern in ("partial_train_*.bin", "partial_val_*.bin", ".partial_*.tmp*"):  # a killed preparation's
+            for leftover in glob.glob(os.path.join(glob.escape(dataset_dir), pattern)):
+                if os.path.isfile(leftover):
+                    os.remove(leftover)
         parts = [(f"{split}_{k:03d}.bin", tokens[i:i + shard_tokens])
                  for split, tokens in (("train", train), ("val", val))
                  for k, i in enumerate(range(0, max(len(tokens), 1), shard_tokens))]
         names = [name for name, _ in parts] + ["meta.json"]  # meta.json last: it marks a complete dataset
-        staged = lambda name: os.path.join(dataset_dir, STAGING + name)
         meta = {**meta, "train_tokens": len(train), "val_tokens": len(val)}
         try:
             for name, tokens in parts:
-                write_shard(staged(name), tokens)
-            write_json(staged("meta.json"), meta)
+                write_shard(path(STAGING + name), tokens)
+            write_json(path(STAGING + "meta.json"), meta)  # over a cut swap's own, which marked the folder till now
         except BaseException:
-            for name in names:
+            for name, _ in parts:
                 with contextlib.suppress(FileNotFoundError):
-                    os.remove(staged(name))
+                    os.remove(path(STAGING + name))
             raise
+        old = [os.path.basename(p) for p in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val")]
+        if sorted(names) == sorted(old + ["meta.json"] * os.path.exists(path("meta.json"))) and all(
+                filecmp.cmp(path(STAGING + name), path(name), shallow=False) for name in names):
+            for name in names:
+                os.remove(path(STAGING + name))
+            return meta
         with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(dataset_dir, "meta.json"))  # until the new one is in, the dataset is not prepared
-        for path in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val"):
-            os.remove(path)  # no stale shard may outlive a re-prepare
+            os.remove(path("meta.json"))  # until the new one is in, the dataset is not prepared
+        for name in old:
+            os.remove(path(name))  # no stale shard may outlive a re-prepare
         for name in names:
-            os.replace(staged(name), os.path.join(dataset_dir, name))
+            os.replace(path(STAGING + name), path(name))
         return meta

@@ -540,7 +540,7 @@ def test_prepare_mistakes_are_one_sentence_and_keep_what_was_written(tmp_path):
         write_dataset(str(tmp_path / "file" / "ds"), np.arange(10), np.arange(5), meta)
 
 
-def test_prepare_never_replaces_files_no_preparation_wrote_and_clears_what_a_kill_left(tmp_path):
+def test_prepare_never_replaces_files_no_preparation_wrote_and_clears_what_a_kill_left(tmp_path, monkeypatch):
     """A folder of the user's (shards, a meta.json of its own) is refused and kept; a preparation whose swap a kill
     cut short (its staged meta.json is there, no meta.json in place) is its own: prepared again, nothing of it stays."""
     meta = {"dataset": "ds", "tokenizer": "char", "vocab_size": 10}
@@ -557,10 +557,18 @@ def test_prepare_never_replaces_files_no_preparation_wrote_and_clears_what_a_kil
     write_dataset(str(ds), np.arange(20) % 10, np.arange(10), meta, shard_tokens=4)
     os.rename(ds / "meta.json", ds / "partial_meta.json")  # killed in the swap: new shards in, meta.json not yet
     (ds / "partial_train_000.bin").write_bytes(b"half")
-    (ds / ".train_001.bin.tmp999999999").write_bytes(b"half")  # a dead process's temporary file
+    (ds / ".partial_train_001.bin.tmp999999999").write_bytes(b"half")  # a dead process's temporary file
+    (ds / "partial_notes.txt").write_text("the user's")  # not a name a preparation stages: kept
+    (ds / "partial_runs").mkdir()
+    def full_disk(path, obj):
+        raise RunStopped(f"could not write {path} (No space left on device)")
+    monkeypatch.setattr(shards, "write_json", full_disk)
+    with pytest.raises(RunStopped):  # a preparation that fails leaves the folder marked as a preparation's
+        write_dataset(str(ds), np.arange(12) % 10, np.arange(6), meta, shard_tokens=4)
+    monkeypatch.undo()
     write_dataset(str(ds), np.arange(12) % 10, np.arange(6), meta, shard_tokens=4)
-    assert sorted(os.listdir(ds)) == [".prepare.lock", "meta.json", "train_000.bin", "train_001.bin", "train_002.bin",
-                                      "val_000.bin", "val_001.bin"]
+    assert sorted(os.listdir(ds)) == [".prepare.lock", "meta.json", "partial_notes.txt", "partial_runs",
+                                      "train_000.bin", "train_001.bin", "train_002.bin", "val_000.bin", "val_001.bin"]
 
 
 def test_a_second_preparation_of_a_folder_waits_for_the_first(tmp_path):
@@ -586,6 +594,8 @@ def test_a_dataset_prepared_again_under_a_reading_run_stops_it_in_a_sentence(tmp
     write_dataset(str(tmp_path / "ds"), np.arange(200) % 10, np.arange(50) % 10, meta)
     loader = DataLoader("ds", 8, 2, 0, data_dir=str(tmp_path))
     loader.next_batch()
+    write_dataset(str(tmp_path / "ds"), np.arange(200) % 10, np.arange(50) % 10, meta)  # the same data: files kept
+    loader.next_batch()
     write_dataset(str(tmp_path / "ds"), np.arange(100) % 10, np.arange(50) % 10, meta)
     with pytest.raises(RunStopped, match=r"train_000.bin was replaced while this command read it \(its dataset was "
                                          r"prepared again\)"):
@@ -606,9 +616,13 @@ def test_a_failed_meta_write_leaves_the_earlier_dataset_whole(tmp_path, monkeypa
     # stopped as the files are swapped, the dataset reads as not prepared, never as new shards with the old meta.json
     monkeypatch.undo()
 
-    def interrupted(*args):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(shards, "shard_paths", interrupted)
+    remove = os.remove
+
+    def interrupted(path):
+        if os.path.basename(path) == "train_001.bin":  # an old shard, after meta.json went
+            raise KeyboardInterrupt
+        remove(path)
+    monkeypatch.setattr(shards.os, "remove", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write_dataset(str(tmp_path / "ds"), np.arange(30) % 5, np.arange(9), {**meta, "vocab_size": 5}, shard_tokens=4)
     with pytest.raises(DatasetNotPrepared):

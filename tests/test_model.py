@@ -179,6 +179,8 @@ def test_default_onehot_init_needs_the_baseline_in_the_dictionary():
         tiny("la", act_dict="relu,tanh")
     with pytest.raises(ValueError, match="act_dict must contain identity"):
         tiny("moa_glu", act_dict="relu,silu")
+    with pytest.raises(ValueError, match="act_dict must contain silu and identity; add them"):  # both branches'
+        tiny("la_glu", act_dict="relu,gelu")
     tiny("la", act_dict="relu,tanh", la_init="mean")  # any other init works with any dictionary
 
 

@@ -155,7 +155,8 @@ def test_resume_refuses_a_dataset_prepared_again(tiny_run, tmp_path, capsys, cha
     meta_path.write_text(json.dumps(meta))
     code, err = in_process(train_py.main, [f'--out_dir={run_dir}', '--init_from=resume', '--max_iters=5',
                                            f'--data_dir={data_copy}'], capsys)
-    assert code == 2 and err.startswith("error: shakespeare_char was prepared again since this run's checkpoint")
+    assert code == 2 and err.startswith(f"error: shakespeare_char's meta.json differs from the one this run trained on "
+                                        f"in {change} (prepared again?)")
     assert len(err.strip().splitlines()) == 1
 
 

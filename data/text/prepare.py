@@ -3,8 +3,8 @@
     python data/text/prepare.py --input=notes.txt,books/ [--tokenizer=gpt2|char] [--name=text]
     python train.py --dataset=text ...
 
-Each file is a document, in the order of their full paths; validation is the last --val_fraction of the token stream,
-so the held-out text is that of the files whose paths sort last.
+Each file is a document, in the order of their real paths (links resolved); validation is the last --val_fraction of
+the token stream, so the held-out text is that of the files whose paths sort last.
 """
 import os
 import sys
@@ -32,7 +32,7 @@ DEFAULTS = dict(
 
 
 def find_files(inputs):
-    """The .txt files named by inputs (files, or folders searched recursively) by their full paths, sorted, each once
+    """The .txt files named by inputs (files, or folders searched recursively) by their real paths, sorted, each once
     however it was named (a/b.txt, ./a/b.txt, a link): a file twice would put its text in train and val."""
     files = set()
     for item in map(os.path.expanduser, inputs):  # --input=~/notes.txt: no shell expands a ~ after '='
