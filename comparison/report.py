@@ -261,9 +261,10 @@ def lr_section(summary):
     return ['## Learning rates', '',
             f"Best: the rate chosen by the one-standard-error rule on the sweep's seeds "
             f"({', '.join(map(str, summary['sweep_seeds']))}) and the first half of the validation windows: from the "
-            "rate of lowest mean, the smallest rate whose mean is within one standard error of it (rates within the "
-            "noise are tied, and the tie goes to the smaller, more stable one). Margin: the next best rate's mean minus "
-            "the chosen one's, in the chosen one's standard errors (below 0: it won a tie). Every loss here is on the "
+            "rate of lowest mean, step down to each smaller rate while its mean is within one standard error of that "
+            "lowest mean (rates within the noise are tied, and the tie goes to the smaller, more stable one). Margin: "
+            "the next best rate's mean minus the chosen one's, in those standard errors (−1 to 0: it won a tie). Every "
+            "loss here is on the "
             "second half of the windows, which the choice never reads, and the table above is measured at the best "
             "rate on fresh seeds, so the seed luck that made a rate win is not in it. min_lr keeps its ratio to the "
             "rate. Edge: the choice is the smallest rate tried, or the lowest mean the largest (--lr_extend=True tries "

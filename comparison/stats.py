@@ -22,9 +22,10 @@ def paired(diffs, confidence=CONFIDENCE):
     if not d:
         return None
     n, mean = len(d), float(np.mean(d))
-    std = float(np.std(d, ddof=1)) if n > 1 else None
+    spread = max(d) > min(d)  # equal values have a std of float rounding, which no test should read
+    std = (float(np.std(d, ddof=1)) if spread else 0.0) if n > 1 else None
     out = dict(mean=mean, std=std, min=min(d), max=max(d), n=n, t=None, p=None, ci=None, resolved=False)
-    if not std:  # one seed, or no spread: nothing to test
+    if not spread:  # one seed, or no spread: nothing to test
         return out
     test = stats.ttest_1samp(d, 0.0)
     half = t_quantile(n - 1, confidence) * std / math.sqrt(n)
@@ -119,8 +120,8 @@ def choose_rate(losses):
     rate with a failed seed is a failure, never a choice unless every rate failed. Returns 'best' (the chosen rate);
     'lowest' (the rate of lowest mean); 'edge': 'low' when the choice is the smallest rate tried or 'high' when the
     lowest mean is at the largest (the optimum may lie beyond), else None; 'margin': how decisive the choice was, the
-    gap from its mean to the next best rate's in the choice's standard errors (< 0: the choice won a tie); and 'mean'
-    and 'se' per rate, None for a failure."""
+    gap from its mean to the next best rate's in the rule's unit, the lowest mean's standard errors (> 0: it won
+    outright; −1 to 0: it won a tie); and 'mean' and 'se' per rate, None for a failure."""
     ok = lambda v: v and None not in v and all(map(math.isfinite, v))
     mean = {r: statistics.fmean(v) if ok(v) else math.inf for r, v in losses.items()}
     se = {r: statistics.stdev(v) / math.sqrt(len(v)) if ok(v) and len(v) > 1 else None for r, v in losses.items()}
@@ -131,7 +132,7 @@ def choose_rate(losses):
         best = rates[i - 1]
     edge = None if len(rates) < 2 else 'low' if best == rates[0] else 'high' if lowest == rates[-1] else None
     others = [mean[r] for r in rates if r != best and mean[r] < math.inf]
-    margin = (min(others) - mean[best]) / se[best] if others and se[best] and mean[best] < math.inf else None
+    margin = (min(others) - mean[best]) / se[lowest] if others and se[lowest] and mean[best] < math.inf else None
     return {'best': best, 'lowest': lowest, 'edge': edge, 'margin': margin,
             'mean': {repr(r): m if m < math.inf else None for r, m in mean.items()}, 'se': {repr(r): se[r] for r in rates}}
 

@@ -71,6 +71,8 @@ def test_paired_t_test_matches_hand_computation():
     assert not stats.paired([-0.05, 0.04])['resolved']
     one = stats.paired([0.1])
     assert one['n'] == 1 and one['t'] is None and not one['resolved']
+    same = stats.paired([0.1, 0.1, 0.1])  # no spread: float rounding makes a std of 1e-17, which is no evidence
+    assert same['std'] == 0.0 and same['t'] is None and not same['resolved']
 
 
 def test_bootstrap_ci_of_the_mean_is_close_to_the_normal_interval_on_a_large_sample():
@@ -197,7 +199,10 @@ def test_a_tie_within_the_noise_goes_to_the_smaller_rate_and_the_margin_says_how
     tie = {2e-3: [2.205, 2.190, 2.220], 4e-3: [2.196, 2.150, 2.242], 8e-3: [2.40, 2.41, 2.39]}  # 4e-3 lower by 0.009
     choice = stats.choose_rate(tie)
     assert choice['lowest'] == 4e-3 and choice['best'] == 2e-3 and choice['edge'] == 'low'
-    assert choice['margin'] < 0  # won a tie: 4e-3's mean is below it
+    # won a tie: measured in the rule's unit, the lowest mean's SE (4e-3's, 3x 2e-3's here), so between -1 and 0
+    se_lowest = statistics.stdev(tie[4e-3]) / math.sqrt(3)
+    assert choice['margin'] == pytest.approx((statistics.fmean(tie[4e-3]) - statistics.fmean(tie[2e-3])) / se_lowest)
+    assert -1 <= choice['margin'] < 0
     clear = {2e-3: [2.30, 2.31, 2.29], 4e-3: [2.20, 2.21, 2.19], 8e-3: [2.40, 2.41, 2.39]}
     choice = stats.choose_rate(clear)
     assert choice['best'] == choice['lowest'] == 4e-3 and choice['edge'] is None
