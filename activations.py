@@ -367,8 +367,8 @@ def _branch_init(cfg, branch):
     missing = [p[len("onehot:"):] for p in parts if p[len("onehot:"):] not in names] if cfg.la_init == "onehot" else []
     if missing:
         raise ValueError(f"la_init=onehot starts {cfg.ffn} as {la_init}, so act_dict must contain "
-                         f"{' and '.join(missing)}; add {'them' if len(missing) > 1 else 'it'} or choose la_init=mean, sum or "
-                         f"onehot:NAME")
+                         f"{' and '.join(missing)}; add {'them' if len(missing) > 1 else 'it'} or choose "
+                         f"la_init=mean, sum or onehot:NAME")
     for part in [cfg.la_init] if len(parts) > 2 or "onehot" in parts else parts:  # bare onehot: a whole variant's
         _init_alpha(names, part)  # each branch's init checked, the one this variant reads or not
     return parts[min(branch, len(parts) - 1)]
