@@ -560,9 +560,7 @@ def test_prepare_never_replaces_files_no_preparation_wrote_and_clears_what_a_kil
     (ds / ".partial_train_001.bin.tmp999999999").write_bytes(b"half")  # a dead process's temporary file
     (ds / "partial_notes.txt").write_text("the user's")  # not a name a preparation stages: kept
     (ds / "partial_runs").mkdir()
-    def full_disk(path, obj):
-        raise RunStopped(f"could not write {path} (No space left on device)")
-    monkeypatch.setattr(shards, "write_json", full_disk)
+    full_disk(monkeypatch)
     with pytest.raises(RunStopped):  # a preparation that fails leaves the folder marked as a preparation's
         write_dataset(str(ds), np.arange(12) % 10, np.arange(6), meta, shard_tokens=4)
     monkeypatch.undo()
