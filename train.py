@@ -276,7 +276,7 @@ def save_checkpoint(r, val_loss):
         dist.all_gather_object(states, mine)
     if r.master:
         write_checkpoint({
-            'model': ckpt_io.model_state(r.raw_model.state_dict()), 'optimizer': r.optimizer.state_dict(),
+            'model': r.raw_model.state_dict(), 'optimizer': r.optimizer.state_dict(),
             'scaler': r.scaler.state_dict() if r.scaler.is_enabled() else None, 'model_args': r.model_args,
             'config': r.cfg, 'meta': r.loader.meta,  # meta: the tokenizer, to sample
             'iter_num': r.iter_num, 'best_val_loss': r.best_val_loss, 'val_loss': val_loss, 'tokens': r.tokens,

@@ -59,26 +59,13 @@ def set_rng_state(state, device_type):
         torch.cuda.set_rng_state(state['cuda'])
 
 
-def model_state(state_dict):
-    """A checkpoint's weights as a plain GPT's state dict: a compiled model's keys carry '_orig_mod.' and a DDP one's
-    'module.', at the start or (regional compilation) inside."""
-    out = {}
-    for k, v in state_dict.items():
-        for prefix in ('_orig_mod.', 'module.'):
-            while k.startswith(prefix):
-                k = k[len(prefix):]
-            k = k.replace('.' + prefix, '.')
-        out[k] = v
-    return out
-
-
 def checkpoint_model(ckpt, path, build):
     """The model a checkpoint holds: build(model_args) makes it (the caller's GPT), then load_state_dict(strict=True)
     checks that the weights fit. It is built on the meta device first, taking no memory, so that model_args describing
     a model larger than its weights are refused before that memory is taken. A checkpoint only ever holds finite
     weights."""
     with loading(path):
-        weights = model_state(ckpt['model'])
+        weights = ckpt['model']
         with torch.device('meta'):
             size = sum(p.numel() for p in build(ckpt['model_args']).parameters())
         if size > sum(v.numel() for v in weights.values()):

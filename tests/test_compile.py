@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from machinery.checkpoint import model_state
+from machinery.speed import compile_model
 from model import GPT, GPTConfig
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -133,15 +133,14 @@ def test_ddp_with_regional_compile_matches_one_process(cache_runs, shakespeare_c
     assert_same_losses(ddp_out, one_out)
 
 
-def test_model_state_strips_compiled_prefixes_inside_blocks():
-    """A block compiled as a wrapper (torch.compile(block)) and a wrapped model ('_orig_mod.', 'module.') both load
-    into a plain GPT."""
+def test_compiling_leaves_the_plain_models_keys_as_a_checkpoint_holds_them():
+    """Both compile modes leave the plain model (what a checkpoint saves) with the keys a plain GPT loads: regional
+    compilation compiles each block in place, and whole wraps the model without changing it."""
     model = GPT(GPTConfig(vocab_size=84, n_layer=2, n_head=2, n_embd=32, block_size=32))
     plain = set(model.state_dict())
-    model.transformer.h[1] = torch.compile(model.transformer.h[1])  # compiled lazily: nothing is compiled here
-    wrapped = torch.compile(model).state_dict()
-    assert any('h.1._orig_mod.' in k for k in wrapped) and all(k.startswith('_orig_mod.') for k in wrapped)
-    assert set(model_state(wrapped)) == plain
+    for mode in ('regional', 'whole'):
+        compile_model(model, mode)  # compiled lazily: nothing is compiled here
+        assert set(model.state_dict()) == plain, mode
 
 
 def test_unknown_compile_mode_is_a_user_error(shakespeare_char_dir, tmp_path):
