@@ -4,7 +4,7 @@ import os
 import re
 import time
 
-from data.shards import SHARD_TOKENS
+from data.write import SHARD_TOKENS
 from data.tokenizer import read_vendored
 from machinery.cli import parse_args
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import torch
 
-from data.shards import check_replaceable, check_vocab, open_shard, shard_info, shard_paths
+from data.shards import check_vocab, open_shard, shard_info, shard_paths
 from machinery.cli import RunStopped, UserError
 from machinery.files import read_json
 
@@ -58,14 +58,12 @@ def open_loader(dataset, block_size, batch_size, seed, data_dir="data", rank=0, 
             return DataLoader(dataset, block_size, batch_size, seed, rank, world_size, data_dir)
         except DatasetNotPrepared:
             pass
-        check_replaceable(out, "point --data_dir at another folder")  # never over files no preparation wrote
         print(f"preparing the bundled dataset {dataset} into {out} (once, seconds)", file=sys.stderr)
         p = subprocess.run([sys.executable, os.path.join(DATA_DIR, dataset, "prepare.py"), f"--out_dir={out}"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if p.returncode != 0:
-        why = (p.stderr.strip().splitlines() or ["no reason given"])[-1]
-        raise UserError(f"could not prepare {dataset} into {out} ({why}); point --data_dir at a folder you can write "
-                        f"to.")
+    if p.returncode != 0:  # e.g. files there that no preparation wrote, which it refuses to replace
+        why = (p.stderr.strip().splitlines() or ["no reason given"])[-1].removeprefix("error: ").rstrip(".")
+        raise UserError(f"could not prepare {dataset} into {out} ({why}); point --data_dir at another folder.")
     return DataLoader(dataset, block_size, batch_size, seed, rank, world_size, data_dir)
 
 

@@ -369,7 +369,8 @@ def test_finished_runs_on_a_dataset_prepared_again_are_not_reused(compared, tmp_
     data = tmp_path / 'data'
     shutil.copytree(os.path.join(next(a[11:] for a in argv if a.startswith('--data_dir=')), 'shakespeare_char'),
                     data / 'shakespeare_char')
-    from data.shards import open_shard, write_shard
+    from data.shards import open_shard
+    from data.write import write_shard
     val = str(data / 'shakespeare_char' / 'val_000.bin')
     write_shard(val, open_shard(val)[::-1].copy())  # the same characters, in another order
     code, err = call(compare.main, argv + [f'--data_dir={data}'], capsys)

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from activations import VARIANTS
-from data.shards import write_shard
+from data.write import write_shard
 from machinery import device, grouped_matmul, speed
 from model import GPT, GPTConfig
 

@@ -20,10 +20,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from test_hostile import call as run  # noqa: E402  (a script's main, in this process: exit status, stderr)
-from data import shards, tokenizer as tokmod
+from data import tokenizer as tokmod, write as data_write
 from data.corpus import read_shakespeare
 from data.loader import DataLoader, DatasetNotPrepared
-from data.shards import HEADER_BYTES, ShardError, open_shard, shard_info, shard_paths, write_dataset, write_shard
+from data.shards import HEADER_BYTES, ShardError, open_shard, shard_info, shard_paths
+from data.write import write_dataset, write_shard
 from data.tokenizer import CharTokenizer, EOT, get_tokenizer
 from machinery.cli import RunStopped, UserError
 
@@ -607,7 +608,7 @@ def test_a_failed_meta_write_leaves_the_earlier_dataset_whole(tmp_path, monkeypa
 
     def full_disk(path, obj):
         raise RunStopped(f"could not write {path} (No space left on device)")
-    monkeypatch.setattr(shards, "write_json", full_disk)
+    monkeypatch.setattr(data_write, "write_json", full_disk)
     with pytest.raises(RunStopped):
         write_dataset(str(tmp_path / "ds"), np.arange(30) % 5, np.arange(9), {**meta, "vocab_size": 5}, shard_tokens=4)
     assert all_files(tmp_path / "ds") == before
@@ -620,7 +621,7 @@ def test_a_failed_meta_write_leaves_the_earlier_dataset_whole(tmp_path, monkeypa
         if os.path.basename(path) == "train_001.bin":  # an old shard, after meta.json went
             raise KeyboardInterrupt
         remove(path)
-    monkeypatch.setattr(shards.os, "remove", interrupted)
+    monkeypatch.setattr(data_write.os, "remove", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write_dataset(str(tmp_path / "ds"), np.arange(30) % 5, np.arange(9), {**meta, "vocab_size": 5}, shard_tokens=4)
     with pytest.raises(DatasetNotPrepared):
@@ -746,14 +747,14 @@ def test_an_out_dir_that_cannot_take_files_is_one_line_before_any_work(scripts, 
 
 def full_disk(monkeypatch):
     """Every shard write fails part-way with ENOSPC, inside files.write_file (whose cleanup is what is tested)."""
-    real = shards.write_file
+    real = data_write.write_file
 
     def write_file(path, write, binary=False):
         def fail(f):
             f.write(b"\0" * 100)
             raise OSError(28, "No space left on device")
         real(path, fail, binary)
-    monkeypatch.setattr(shards, "write_file", write_file)
+    monkeypatch.setattr(data_write, "write_file", write_file)
 
 
 def test_a_failed_shard_write_stops_with_exit_3_and_leaves_the_earlier_dataset_whole(tmp_path, capsys, monkeypatch):

@@ -20,7 +20,7 @@ import compare  # noqa: E402
 import configurator  # noqa: E402
 from activations import VARIANTS, make_activations  # noqa: E402
 from comparison.runs import meta_model  # noqa: E402
-from data.shards import write_shard  # noqa: E402
+from data.write import write_shard  # noqa: E402
 from machinery import device, speed  # noqa: E402
 from machinery.cli import UserError  # noqa: E402
 from machinery.device import Compute  # noqa: E402

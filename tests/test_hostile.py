@@ -25,7 +25,8 @@ import sample  # noqa: E402
 import train  # noqa: E402
 from activations import VARIANTS  # noqa: E402
 from data.loader import DataLoader  # noqa: E402
-from data.shards import HEADER_BYTES, shard_info, write_shard  # noqa: E402
+from data.shards import HEADER_BYTES, shard_info  # noqa: E402
+from data.write import write_shard  # noqa: E402
 from machinery.cli import run_cli  # noqa: E402
 
 TINY = ['--seed=1337', '--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',

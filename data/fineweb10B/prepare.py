@@ -13,7 +13,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, so 
 from machinery.cli import quiet_interrupt  # first, once cli can be found: a Ctrl-C while numpy and torch import ends quietly
 quiet_interrupt(__name__)
 
-from data.shards import ShardError, check_out_dir, shard_info, shard_paths
+from data.shards import ShardError, shard_info, shard_paths
+from data.write import check_out_dir
 from data.tokenizer import GPT2Tokenizer
 from machinery.cli import UserError, parse_args, run_cli
 from machinery.files import write_file, write_json

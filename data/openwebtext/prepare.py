@@ -23,7 +23,8 @@ quiet_interrupt(__name__)
 import numpy as np
 from tqdm import tqdm
 
-from data.shards import SHARD_TOKENS, STAGING, check_out_dir, shard_info, write_shard
+from data.shards import shard_info
+from data.write import SHARD_TOKENS, STAGING, check_out_dir, write_shard
 from data.tokenizer import EOT, GPT2Tokenizer
 from machinery.cli import UserError, parse_args, run_cli
 from machinery.files import read_json, write_json

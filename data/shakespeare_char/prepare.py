@@ -13,7 +13,7 @@ quiet_interrupt(__name__)
 import numpy as np
 
 from data.corpus import VAL_WORKS, prepare_main, read_shakespeare, split_works
-from data.shards import SHARD_TOKENS, check_out_dir, write_dataset
+from data.write import SHARD_TOKENS, check_out_dir, write_dataset
 from data.tokenizer import CharTokenizer
 from machinery.cli import run_cli
 

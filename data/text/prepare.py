@@ -17,7 +17,7 @@ quiet_interrupt(__name__)
 
 import numpy as np
 
-from data.shards import SHARD_TOKENS, write_dataset
+from data.write import SHARD_TOKENS, write_dataset
 from data.tokenizer import CharTokenizer, EOT, GPT2Tokenizer
 from machinery.cli import UserError, parse_args, read_text, run_cli, split_list
 
