@@ -184,11 +184,32 @@ def restore(ckpt, r):
         same = ckpt['world_size'] == r.hw.world_size
         r.loader.load_state_dict(ckpt['loader'][r.hw.rank if same else 0], r.tokens)
         if same:
-            ckpt_io.set_rng_state(ckpt['rng'][r.hw.rank], r.hw.device_type)  # after the model's init used the RNG
+            set_rng_state(ckpt['rng'][r.hw.rank], r.hw.device_type)  # after the model's init used the RNG
     r.saved_iter = r.iter_num
     if not same and r.master:
         print(f"note: the checkpoint was written by {ckpt['world_size']} process(es), this run has "
               f"{r.hw.world_size}; the data stream continues, dropout randomness does not.")
+
+
+def rng_state(device_type):
+    """This process's RNG states (Python's, numpy's, torch's and CUDA's), for a checkpoint."""
+    # plain Python types and tensors only, so the checkpoint loads with torch.load(weights_only=True)
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {'python': random.getstate(), 'numpy': [name, keys.tolist(), pos, has_gauss, cached],
+             'torch': torch.get_rng_state()}
+    if device_type == 'cuda':
+        state['cuda'] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state, device_type):
+    """Puts back what rng_state saved: each generator's setter checks its own state."""
+    random.setstate(tuple(v if not isinstance(v, list) else tuple(v) for v in state['python']))
+    name, keys, pos, has_gauss, cached = state['numpy']
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state['torch'])
+    if device_type == 'cuda' and 'cuda' in state:
+        torch.cuda.set_rng_state(state['cuda'])
 
 
 def step(r, lr):
@@ -270,7 +291,7 @@ def save_checkpoint(r, val_loss):
     """ckpt.pt at the run's current iteration, everything an exact continuation needs: the plain model's weights, the
     optimizer and loss scaler, the settings and counters, and every process's RNG and loader state (the master
     writes). A Ctrl-C waits for it, and a failed write leaves the previous checkpoint whole (write_checkpoint)."""
-    states = [mine := {'rng': ckpt_io.rng_state(r.hw.device_type), 'loader': r.loader.state_dict()}]
+    states = [mine := {'rng': rng_state(r.hw.device_type), 'loader': r.loader.state_dict()}]
     if r.hw.ddp:
         states = [None] * r.hw.world_size
         dist.all_gather_object(states, mine)

@@ -10,9 +10,7 @@ becomes one sentence naming the file. Nothing on disk changes before a resume ha
 open_for_try).
 """
 import os
-import random
 
-import numpy as np
 import torch
 
 from machinery.cli import UserError, reading
@@ -38,25 +36,6 @@ def load_checkpoint(out_dir, missing_hint, mmap=False, hint=HINT):
     with loading(path, hint):
         ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=mmap)
         return {**ckpt}  # a dict, or a failure here
-
-
-def rng_state(device_type):
-    # plain Python types and tensors only, so the checkpoint loads with torch.load(weights_only=True)
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {'python': random.getstate(), 'numpy': [name, keys.tolist(), pos, has_gauss, cached],
-             'torch': torch.get_rng_state()}
-    if device_type == 'cuda':
-        state['cuda'] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state, device_type):
-    random.setstate(tuple(v if not isinstance(v, list) else tuple(v) for v in state['python']))
-    name, keys, pos, has_gauss, cached = state['numpy']
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state['torch'])
-    if device_type == 'cuda' and 'cuda' in state:
-        torch.cuda.set_rng_state(state['cuda'])
 
 
 def checkpoint_model(ckpt, path, build):

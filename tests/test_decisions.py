@@ -549,7 +549,7 @@ def resumed(world_size, rank, saved_world, n_states, monkeypatch, capsys, device
             'train_time': 1.0, 'world_size': saved_world, 'loader': [f'loader{i}' for i in range(n_states)],
             'rng': [f'rng{i}' for i in range(n_states)]}
     rngs = []
-    monkeypatch.setattr(train.ckpt_io, 'set_rng_state', lambda state, device_type: rngs.append((state, device_type)))
+    monkeypatch.setattr(train, 'set_rng_state', lambda state, device_type: rngs.append((state, device_type)))
     r = types.SimpleNamespace(optimizer=torch.optim.AdamW([torch.nn.Parameter(torch.ones(3))]), scaler=None,
                               loader=Loader(), hw=types.SimpleNamespace(world_size=world_size, rank=rank,
                                                                         device_type=device_type),

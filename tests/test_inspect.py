@@ -10,7 +10,6 @@ import os
 import shutil
 import sys
 from dataclasses import asdict
-from machinery import checkpoint  # noqa: E402
 
 import numpy as np
 import pytest
@@ -142,7 +141,7 @@ def untrained_run(run_dir, data_dir, **model_args):
                                       'data_dir': data_dir}, 'meta': {'vocab_size': 65},
                            'optimizer': model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu').state_dict(),
                            'best_val_loss': float('inf'), 'tokens': 0, 'train_time': 0.0, 'world_size': 1,
-                           'rng': [checkpoint.rng_state('cpu')],
+                           'rng': [train.rng_state('cpu')],
                            'loader': [DataLoader('shakespeare_char', 32, 4, 1, data_dir=data_dir).state_dict()]},
                            os.path.join(run_dir, 'ckpt.pt'))
     return run_dir
