@@ -192,13 +192,13 @@ def restore(ckpt, r):
 
 
 def rng_state(device_type):
-    """This process's RNG states (Python's, numpy's, torch's and CUDA's), for a checkpoint."""
-    # plain Python types and tensors only, so the checkpoint loads with torch.load(weights_only=True)
+    """This process's RNG states (Python's, numpy's, torch's, and a GPU's own, which its dropout draws from), for a
+    checkpoint: plain Python types and tensors only, so that torch.load(weights_only=True) reads it."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state = {'python': random.getstate(), 'numpy': [name, keys.tolist(), pos, has_gauss, cached],
              'torch': torch.get_rng_state()}
-    if device_type == 'cuda':
-        state['cuda'] = torch.cuda.get_rng_state()
+    if device_type in ('cuda', 'mps'):
+        state[device_type] = getattr(torch, device_type).get_rng_state()
     return state
 
 
@@ -208,8 +208,8 @@ def set_rng_state(state, device_type):
     name, keys, pos, has_gauss, cached = state['numpy']
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state['torch'])
-    if device_type == 'cuda' and 'cuda' in state:
-        torch.cuda.set_rng_state(state['cuda'])
+    if device_type in ('cuda', 'mps') and device_type in state:  # a run moved from a CPU has none
+        getattr(torch, device_type).set_rng_state(state[device_type])
 
 
 def step(r, lr):

@@ -16,6 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import bench  # noqa: E402
+import train  # noqa: E402
 import compare  # noqa: E402
 import configurator  # noqa: E402
 from activations import VARIANTS, make_activations  # noqa: E402
@@ -462,3 +463,17 @@ def test_the_memory_estimate_is_within_15_percent_of_the_measured_peak_at_gpt2_s
     measured = 10_800 * 2**20
     assert model + batch < measured  # the lower bound stays one
     assert abs(peak - measured) <= 0.15 * measured, peak / measured
+
+
+@pytest.mark.parametrize('device_type', ['cuda', 'mps'])
+def test_a_checkpoint_keeps_and_puts_back_the_gpus_own_rng(device_type, monkeypatch):
+    """Dropout on a GPU draws from the GPU's generator: a resume puts its state back, as the CPU's."""
+    gpu = {'state': torch.tensor([1, 2, 3], dtype=torch.uint8)}
+    monkeypatch.setattr(getattr(torch, device_type), 'get_rng_state', lambda: gpu['state'].clone())
+    monkeypatch.setattr(getattr(torch, device_type), 'set_rng_state', lambda s: gpu.update(state=s))
+    saved = train.rng_state(device_type)
+    gpu['state'] = torch.tensor([9], dtype=torch.uint8)  # the generator moves on
+    train.set_rng_state(saved, device_type)
+    assert gpu['state'].tolist() == [1, 2, 3]
+    train.set_rng_state(train.rng_state('cpu'), device_type)  # a checkpoint without one leaves it as it is
+    assert gpu['state'].tolist() == [1, 2, 3]
