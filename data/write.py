@@ -5,6 +5,7 @@ import fcntl
 import filecmp
 import glob
 import os
+import re
 
 import numpy as np
 
@@ -34,6 +35,19 @@ def check_out_dir(out_dir, shard_tokens=SHARD_TOKENS):
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UserError(f"--out_dir={out_dir} is a file, not a folder; choose another --out_dir.")
     check_writable(out_dir, create=True)
+
+
+def check_alone(dataset_dir, dataset, own):
+    """A UserError if dataset_dir holds another dataset, whose shards the loader would read with this one's (it reads
+    every shard of its folder): a meta.json of another dataset, or shards whose names the regex `own` does not match
+    (for a preparation that adds its shards beside those it wrote earlier)."""
+    other = (read_json(os.path.join(dataset_dir, "meta.json")) or {}).get("dataset", dataset)
+    names = [os.path.basename(p) for p in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val")]
+    foreign = [n for n in names if not re.fullmatch(own, n)]
+    if other != dataset or foreign:
+        held = f"the dataset {other}" if other != dataset else ", ".join(foreign[:3]) + (", ..." if foreign[3:] else "")
+        raise UserError(f"{dataset_dir} holds {held}, whose shards the loader would read with {dataset}'s; prepare "
+                        f"{dataset} into a folder of its own (--out_dir).")
 
 
 def check_replaceable(dataset_dir, hint):

@@ -324,6 +324,19 @@ def test_archive_dir_archives_are_all_checked_first_and_never_deleted(owt, tmp_p
     assert owt.test_downloads == [] and all(os.path.isfile(tmp_path / f"urlsf_subset0{s}.tar") for s in (0, 1))
 
 
+def test_openwebtext_is_never_prepared_beside_another_dataset(owt, tmp_path):
+    """The loader reads every shard of a folder: openwebtext's beside another dataset's would be read as one."""
+    meta = {"tokenizer": "char", "vocab_size": 10, "dataset": "shakespeare_char"}
+    write_dataset(str(tmp_path / "sc"), np.arange(20) % 10, np.arange(10), meta)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "train_000.bin").write_bytes(b"my file")
+    for folder, words in (("sc", "holds the dataset shakespeare_char"), ("mine", "holds train_000.bin")):
+        before = all_files(tmp_path / folder)
+        with pytest.raises(UserError, match=f"{words}, whose shards the loader would read with openwebtext's"):
+            owt.prepare(out_dir=str(tmp_path / folder), **OWT_ARGS)
+        assert all_files(tmp_path / folder) == before and owt.test_downloads == []
+
+
 def test_openwebtext_says_clearly_what_is_wrong(owt, tmp_path, monkeypatch):
     with pytest.raises(UserError, match="there is no subset 21: .* has subsets 0-20"):
         owt.parse_subsets("0,21", None)

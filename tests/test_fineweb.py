@@ -123,6 +123,17 @@ def test_command_line_mistakes_are_one_line_with_exit_status_2(fineweb, tmp_path
     assert fineweb.downloads == [] and not (tmp_path / "fw").exists()
 
 
+def test_fineweb_is_never_prepared_beside_another_dataset(fineweb, tmp_path):
+    """The loader reads every shard of a folder: FineWeb's beside another dataset's would be read as one."""
+    out = tmp_path / "text"
+    out.mkdir()
+    (out / "train_000.bin").write_bytes(b"another dataset's shard")
+    (out / "meta.json").write_text('{"dataset": "text", "vocab_size": 84}')
+    with pytest.raises(UserError, match="holds the dataset text, whose shards the loader would read with fineweb10B's"):
+        fineweb.prepare(shards=1, out_dir=str(out))
+    assert sorted(os.listdir(out)) == ["meta.json", "train_000.bin"] and fineweb.downloads == []
+
+
 def test_help_lists_the_keys(fineweb, capsys):
     with pytest.raises(SystemExit) as exit_info:
         run_cli(fineweb.main, ["--help"])

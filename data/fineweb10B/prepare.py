@@ -14,7 +14,7 @@ from machinery.cli import quiet_interrupt  # first, once cli can be found: a Ctr
 quiet_interrupt(__name__)
 
 from data.shards import ShardError, shard_info, shard_paths
-from data.write import check_out_dir
+from data.write import check_alone, check_out_dir
 from data.tokenizer import GPT2Tokenizer
 from machinery.cli import UserError, parse_args, run_cli
 from machinery.files import write_file, write_json
@@ -63,6 +63,7 @@ def prepare(shards=DEFAULTS["shards"], out_dir=HERE, cache_dir=""):
         raise UserError(f"--shards must be between 1 and {N_TRAIN_SHARDS} ({REPO_ID} has {N_TRAIN_SHARDS} train "
                         f"shards of 100M tokens), not {shards}.")
     check_out_dir(out_dir)
+    check_alone(out_dir, "fineweb10B", r"(train|val)_\d{6}\.bin")
     for i in range(shards + 1):  # the validation shard 000000, then train shards 000001 ...
         name = f"{'train' if i else 'val'}_{i:06d}.bin"
         filename, path = f"fineweb_{name}", os.path.join(out_dir, name)

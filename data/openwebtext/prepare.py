@@ -24,7 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data.shards import shard_info
-from data.write import SHARD_TOKENS, STAGING, check_out_dir, write_shard
+from data.write import SHARD_TOKENS, STAGING, check_alone, check_out_dir, write_shard
 from data.tokenizer import EOT, GPT2Tokenizer
 from machinery.cli import UserError, parse_args, run_cli
 from machinery.files import read_json, write_json
@@ -256,6 +256,7 @@ def prepare(subsets="", num_subsets=0, out_dir=HERE, cache_dir="", shard_tokens=
     if num_threads < 0:
         raise UserError(f"--num_threads must be at least 0 (0: one per core), not {num_threads}.")
     check_out_dir(out_dir, shard_tokens)
+    check_alone(out_dir, "openwebtext", r"(train|val)_s\d\d_\d{3,}\.bin")
     cache_dir = cache_dir or os.path.join(out_dir, "cache")
     todo = [subset for subset in chosen if not is_done(out_dir, subset, shard_tokens, val_fraction)]
     for subset in chosen:
