@@ -214,9 +214,10 @@ def beyond_edges(cfg, comp, runs):
         if any(r.state not in FINISHED for r in mine):
             continue
         step = grid[1] / grid[0] if len(grid) > 1 else 2.0
-        if chosen[v]['edge'] == 'low' and sum(r < grid[0] for r in rates) < MAX_EXTEND:
+        edge = chosen[v]['edge'] or ''  # 'low', 'high' or 'low and high'
+        if 'low' in edge and sum(r < grid[0] for r in rates) < MAX_EXTEND:
             out += specs(cfg, comp, [v], [min(rates) / step])
-        if chosen[v]['edge'] == 'high' and sum(r > grid[-1] for r in rates) < MAX_EXTEND:
+        if 'high' in edge and sum(r > grid[-1] for r in rates) < MAX_EXTEND:
             out += specs(cfg, comp, [v], [max(rates) * step])
     return [scan(s) for s in out]
 

@@ -118,8 +118,9 @@ def choose_rate(losses):
     step down to smaller rates while their mean stays within one standard error of that lowest mean (SE = std/√n over
     its seeds): rates within the seed noise of each other are tied, and the tie goes to the smaller, more stable one. A
     rate with a failed seed is a failure, never a choice unless every rate failed. Returns 'best' (the chosen rate);
-    'lowest' (the rate of lowest mean); 'edge': 'low' when the choice is the smallest rate tried or 'high' when the
-    lowest mean is at the largest (the optimum may lie beyond), else None; 'margin': how decisive the choice was, the
+    'lowest' (the rate of lowest mean); 'edge': 'low' when the choice is the smallest rate tried, 'high' when the
+    lowest mean is at the largest (the optimum may lie beyond), 'low and high' when the rule stepped from the largest
+    to the smallest, else None; 'margin': how decisive the choice was, the
     gap from its mean to the next best rate's in the rule's unit, the lowest mean's standard errors (> 0: it won
     outright; −1 to 0: it won a tie); and 'mean' and 'se' per rate, None for a failure."""
     ok = lambda v: v and None not in v and all(map(math.isfinite, v))
@@ -130,7 +131,8 @@ def choose_rate(losses):
     best = lowest
     while (i := rates.index(best)) > 0 and se[lowest] is not None and mean[rates[i - 1]] <= mean[lowest] + se[lowest]:
         best = rates[i - 1]
-    edge = None if len(rates) < 2 else 'low' if best == rates[0] else 'high' if lowest == rates[-1] else None
+    edge = ' and '.join(e for e, at in (('low', best == rates[0]), ('high', lowest == rates[-1])) if at) or None
+    edge = edge if len(rates) > 1 else None
     others = [mean[r] for r in rates if r != best and mean[r] < math.inf]
     margin = (min(others) - mean[best]) / se[lowest] if others and se[lowest] and mean[best] < math.inf else None
     return {'best': best, 'lowest': lowest, 'edge': edge, 'margin': margin,

@@ -46,6 +46,10 @@ def test_a_staircase_of_means_steps_down_only_within_one_standard_error_of_the_l
     # the staircase the other way: the lowest mean at the smallest rate is the choice, an edge at the low end
     falling = {r: seeds_of(4.3 - m, 0.05) for r, m in means.items()}
     assert stats.choose_rate(falling)['best'] == 1e-3 and stats.choose_rate(falling)['edge'] == 'low'
+    # a flat staircase: the lowest mean at the largest rate, every smaller one within its SE: both ends are edges
+    flat = {r: seeds_of(2.0 + (8e-3 - r) * 10, 0.15) for r in means}
+    choice = stats.choose_rate(flat)
+    assert (choice['lowest'], choice['best'], choice['edge']) == (8e-3, 1e-3, 'low and high')
     # an interior optimum within reach of both neighbours: the smaller neighbour, never the larger
     u = {1e-3: seeds_of(2.5, 0.05), 2e-3: seeds_of(2.04, 0.05), 4e-3: seeds_of(2.0, 0.05), 8e-3: seeds_of(2.02, 0.05)}
     choice = stats.choose_rate(u)
@@ -90,7 +94,8 @@ def test_a_rate_with_a_diverged_seed_is_never_chosen_unless_every_rate_failed(fa
 
 def test_two_seeds_give_a_standard_error_and_two_rates_an_edge():
     choice = stats.choose_rate({2e-3: seeds_of(2.05, 0.1, n=2), 4e-3: seeds_of(2.0, 0.1, n=2)})
-    assert choice['se'][repr(4e-3)] == pytest.approx(0.1) and (choice['best'], choice['edge']) == (2e-3, 'low')
+    # tied: the lowest mean at the larger rate, the choice the smaller, so both ends are edges
+    assert choice['se'][repr(4e-3)] == pytest.approx(0.1) and (choice['best'], choice['edge']) == (2e-3, 'low and high')
     choice = stats.choose_rate({2e-3: seeds_of(2.2, 0.1, n=2), 4e-3: seeds_of(2.0, 0.1, n=2)})
     assert (choice['best'], choice['edge']) == (4e-3, 'high')
 
@@ -220,6 +225,10 @@ def test_every_run_of_a_sweep_its_extension_and_its_verdict_keeps_the_min_lr_rat
     # MAX_EXTEND steps beyond an edge already: no more
     far = [finished(types.SimpleNamespace(variant='gelu', lr=4e-3 * 2 ** k), 3 - k) for k in range(4)]
     assert compare.beyond_edges(cfg, {**comp, 'variants': ['gelu']}, far) == []
+    # the rule stepped from the largest rate down to the smallest: a step beyond each end
+    flat = [finished(r, 2 - r.lr / 10 + 0.01 * (r.seed - 1340)) for r in grid if r.variant == 'gelu']
+    both = compare.beyond_edges(cfg, {**comp, 'variants': ['gelu']}, flat)
+    assert sorted({r.lr for r in both}) == [5e-4, 8e-3]
     # a run of relu2 not finished: only gelu is extended
     pending = [*done[:-1], types.SimpleNamespace(**{**vars(done[-1]), 'state': 'resume'})]
     assert done[-1].variant == 'relu2' and {r.variant for r in compare.beyond_edges(cfg, comp, pending)} == {'gelu'}
