@@ -108,18 +108,18 @@ class Fixed(Activation):
 # then increasing powers. (The official code stores the highest power first; this order reads like the formula.)
 
 
-def poly_formula(h, coeffs, use_relu, use_norm, eps=1e-6, points=None):
+def poly_formula(h, coeffs, use_relu, use_norm, eps=1e-6, norms_of=None):
     """a_0 + Σ_{p=1..r} a_p · N(b(h)^p), b = identity or relu, N(v) = v / sqrt(mean(v²) + ε) over the token's hidden
-    channels (skipped without norm); in fp32 (at least), returned in h's dtype. points: φ at other points than h (the
-    curves drawn), each token's norms still those of its own h."""
+    channels (skipped without norm); in fp32 (at least), returned in h's dtype. norms_of: the tokens' own
+    pre-activations, whose norms N takes where φ is drawn at other points h (the curves): one line computes both."""
     hf, a = fp32(h), fp32(coeffs)
     b = torch.relu if use_relu else (lambda v: v)
-    base, at = b(hf), (None if points is None else b(fp32(points)))
-    y = a[0] * torch.ones_like(base if at is None else at)
+    base = b(hf)
+    own = base if norms_of is None else b(fp32(norms_of))
+    y = a[0] * torch.ones_like(base)
     for p in range(1, len(a)):
-        v = base**p
-        inv_rms = torch.rsqrt(v.square().mean(-1, keepdim=True) + eps) if use_norm else 1.0
-        y = y + a[p] * inv_rms * (v if at is None else at**p)
+        inv_rms = torch.rsqrt((own**p).square().mean(-1, keepdim=True) + eps) if use_norm else 1.0
+        y = y + a[p] * inv_rms * base**p
     return y.to(h.dtype)
 
 
@@ -150,7 +150,7 @@ class Poly(Activation):
 
     def curves(self, grid, h, x):
         """N normalises each power over the token's own h, so one row per token (one row without N)."""
-        return poly_formula(h, self.coeffs, self.use_relu, self.use_norm, self.eps, points=grid[None])
+        return poly_formula(grid[None], self.coeffs, self.use_relu, self.use_norm, self.eps, norms_of=h)
 
     def extra_repr(self):
         return f"{self.kind}, order={self.coeffs.numel() - 1}"

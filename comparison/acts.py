@@ -50,9 +50,10 @@ def phi_curves(act, grid, h, x):
     k = max(1, h.shape[-1] // 4)  # a part of the row: a φ that normalises over the row gives other values there
     computed = act(h, act.token_gates(x))[:1, :k]  # over every row, as the FFN computes it
     if not torch.allclose(act.curves(h[0, :k], h[:1], x[:1]), computed, rtol=1e-4, atol=1e-5):
-        raise UserError(f"cannot draw {type(act).__name__}: its φ at a point depends on more of the token than "
-                        f"token_gates(x) gives it; override Activation.curves(grid, h, x) to draw it per token, as "
-                        f"Poly does for PolyNorm's norm.")
+        raise UserError(f"cannot draw {type(act).__name__}: its curves give another φ than its forward at a token's "
+                        f"own pre-activations; make curves compute forward's formula, and where φ at a point depends "
+                        f"on more of the token than token_gates(x) gives it, override Activation.curves(grid, h, x) to "
+                        f"draw it per token, as Poly does for PolyNorm's norm.")
     return act.curves(grid, h, x)
 
 

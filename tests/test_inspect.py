@@ -174,6 +174,27 @@ def test_moved_after_training(compared):
     assert not any(layer['act']['learnable'] for layer in summary['acts']['gelu']['layers'])
 
 
+@pytest.mark.parametrize('kind', ['polyrelu', 'polynorm'])
+def test_an_edit_of_polycoms_term_reaches_the_pictures_as_it_reaches_training(kind, monkeypatch):
+    """A learner multiplies poly_formula's term by 3: the curves drawn follow the edit, because one line computes the
+    term for training and for the pictures."""
+    import inspect as source
+    from comparison.acts import phi_curves
+    code = source.getsource(activations.poly_formula)
+    assert code.count('base**p') == 1  # the term, computed in one place
+    act = activations.Poly(kind, 3)
+    h, x = torch.randn(4, 16, dtype=torch.float64), torch.randn(4, 8)
+    grid = torch.linspace(-2, 2, 9, dtype=torch.float64)
+    with torch.no_grad():
+        act.coeffs.copy_(torch.tensor([0.1, 0.5, -0.3, 0.2]))
+        before = act.curves(grid, h, x)
+        scope = dict(vars(activations))
+        exec(code.replace('base**p', '3 * base**p'), scope)
+        monkeypatch.setattr(activations, 'poly_formula', scope['poly_formula'])
+        drawn = phi_curves(act, grid, h, x)  # checks the curves against the forward first
+    assert not torch.allclose(drawn, before)  # the edit shows
+
+
 class RowSoftmax(activations.Activation):
     """φ(h)_j = exp(h_j) / Σ_k exp(h_k): its value at a point depends on the token's other channels."""
 
