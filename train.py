@@ -330,7 +330,7 @@ def train(r):
     try:
         if r.iter_num == 0:  # the untrained model's validation loss starts every curve
             record = {'iter': 0, 'tokens': 0, 'lr': get_lr(0, cfg), 'batch_hash': r.loader.batch_hash}
-            add_evaluation(r, record)
+            check_finite_weights(r.raw_model, add_evaluation(r, record), 0, r.kept())
             write_log(r, record)
             if r.master:
                 pbar.write(f"iter 0: val loss {record['val_loss']:.4f}")

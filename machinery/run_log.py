@@ -114,6 +114,10 @@ def check_finite_weights(model, val_loss, iter_num, kept):
     """Stop before a checkpoint could hold a diverged model. A step's training loss is computed before its update,
     so it cannot see the update that broke the weights: the weights and the validation loss can."""
     if not (math.isfinite(val_loss) and all(bool(p.isfinite().all()) for p in model.parameters())):
+        if iter_num == 0:  # before any step: the model's own arithmetic, not its training
+            raise Diverged(f"the untrained model's validation loss is {val_loss}, before any step, so the run stopped; "
+                           f"its forward computes a non-finite value at its init: check its FFN's formula "
+                           f"(activations.py).")
         raise Diverged(f"the weights became non-finite at iteration {iter_num} (validation loss {val_loss}), so the run "
                        f"stopped and {kept}; {DIVERGED_HINT}, then resume or start again.")
 

@@ -275,6 +275,21 @@ def test_nonfinite_loss_stops_and_keeps_checkpoint(shakespeare_char_dir, tmp_pat
     assert max(r['iter'] for r in log(out)) == 2  # the poisoned step was never logged
 
 
+def test_a_model_non_finite_before_any_step_stops_at_iteration_0_and_blames_its_formula(shakespeare_char_dir, tmp_path,
+                                                                                      monkeypatch, capsys):
+    """A formula edit that gives NaN at init: the run stops before training, says so, and logs no NaN line (which
+    would not be JSON)."""
+    import activations
+    monkeypatch.setitem(activations.BASIS, 'gelu', lambda h: torch.log(h))  # NaN wherever h < 0
+    out = str(tmp_path)
+    code, err = in_process(train_py.main, [*TINY, f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}'], capsys)
+    lines = [l for l in err.strip().splitlines() if '%' not in l]
+    assert code == 3 and len(lines) == 1 and "the untrained model's validation loss is nan" in lines[0], err
+    assert 'learning_rate' not in lines[0] and 'activations.py' in lines[0]
+    assert open(os.path.join(out, 'log.jsonl')).read() == '' and not os.path.exists(os.path.join(out, 'ckpt.pt'))
+    assert os.path.exists(os.path.join(out, 'diverged.txt'))  # the outcome at these settings, as a comparison counts it
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # configurator, in-process (fast)
 
