@@ -6,6 +6,7 @@ model.GPTConfig; how a command line and config files set them is machinery/cli.p
 import math
 import os
 from collections import namedtuple
+from dataclasses import replace
 from decimal import Decimal
 
 from activations import VARIANTS, check_variant, make_activations
@@ -210,8 +211,12 @@ def check(cfg):
         raise UserError(f"--seed must be between 0 and {MAX_SEED}, got {cfg['seed']}.")
     config = model_config({**cfg, 'vocab_size': cfg['vocab_size'] or dataset_vocab(cfg['dataset'], cfg['data_dir'])})
     check_memory(cfg, config)
-    try:  # the activation's settings (poly_order, act_dict, la_init, moa_gate) are checked as it is built
-        make_activations(config)
+    # the activation keys (poly_order, act_dict, la_init, moa_gate) are checked as activations are built: the chosen
+    # variant's, and the ones that read the keys it does not (la_init=onehot needs entries that differ by variant)
+    probe = replace(config, la_init='mean' if config.la_init == 'onehot' else config.la_init)
+    try:
+        for c in (config, *(replace(probe, ffn=v) for v in ('polynorm', 'la_glu', 'moa'))):
+            make_activations(c)
     except ValueError as e:
         raise UserError(f"{str(e).rstrip('.')}.") from None
     if cfg['wandb_log']:  # imported now, before a run replaces anything, and only when asked for

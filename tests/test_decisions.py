@@ -636,7 +636,9 @@ ACCEPTED = ([dict(init_from=v) for v in ('scratch', 'resume')]
             + [{k: v} for k in ('beta1', 'beta2') for v in (0.0, BELOW_1)]
             + [dict(seed=0), dict(seed=configurator.MAX_SEED)]
             + [dict(n_expert=0, top_k=0)]  # top_k is a dense model's to ignore, in every check
-            + [dict(ffn='la_glu', la_init='mean/onehot:relu'), dict(ffn='la', la_init='onehot:gelu/sum')])
+            + [dict(ffn='la_glu', la_init='mean/onehot:relu'), dict(ffn='la', la_init='onehot:gelu/sum')]
+            # la_init=onehot's entries are a dictionary variant's own: a variant that reads none needs none of them
+            + [dict(ffn='gelu', act_dict='relu,tanh'), dict(ffn='swiglu', act_dict='gelu,relu')])
 
 
 @pytest.mark.parametrize('changes', ACCEPTED, ids=[repr(c) for c in ACCEPTED])
@@ -673,6 +675,14 @@ REFUSED_SETTINGS = [
                           ('la_glu', 'mean/sum/onehot:relu', 'mean/sum/onehot:relu'),  # two branches, two parts
                           ('la', 'mean/bad', 'bad'), ('moa', 'onehot:tanhh', 'onehot:tanhh')]),  # B, read or not
     (dict(norm='batchnorm'), "--norm must be rmsnorm or layernorm, --pos rope or learned."),  # model_config's
+    # an activation key the chosen variant does not read is checked all the same, as the variants that read it do
+    (dict(ffn='gelu', poly_order=9), "poly_order must be 2, 3 or 4, got 9."),
+    (dict(ffn='gelu', act_dict='foo'), "act_dict must be a comma-separated list of identity, relu, relu2, gelu, silu, "
+                                       "leaky_relu, tanh; got 'foo'."),
+    (dict(ffn='polynorm', la_init='bogus'), "la_init must be onehot, mean, sum or onehot:NAME with NAME one of "
+                                            "identity, relu, relu2, gelu, silu, tanh (or A/B of the last three: "
+                                            "gate/up branch); got 'bogus'."),
+    (dict(ffn='la', moa_gate='nope'), "moa_gate must be one of sigmoid, softmax, tanh, plain_sigmoid; got 'nope'."),
 ]
 
 
