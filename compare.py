@@ -10,9 +10,9 @@ Run a comparison: train FFN variants side by side on the same batches, N runs at
 Each run is a plain train.py run in its own directory (comparison/runs.py), read once per invocation. The steps: check, read the
 runs, train what is missing, extend a sweep where a best rate is at an edge, train each variant at its best rate on
 fresh seeds (a sweep's verdict), report. The same command again reuses finished and diverged runs, resumes cut-off ones
-and refuses runs of other settings, or of a dataset prepared again since, unless --overwrite=True. Writes summary.md,
-summary.json, loss.png and acts.png into out_dir (a ladder: each size's in out_dir/<size>/, then its own), the table on
-stdout.
+and refuses runs of other settings, other code of activations.py or model.py, or a dataset prepared again since,
+unless --overwrite=True. Writes summary.md, summary.json, loss.png and acts.png into out_dir (a ladder: each size's in
+out_dir/<size>/, then its own), the table on stdout.
 """
 from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
@@ -327,9 +327,9 @@ class Job:
         if rc != 0 and run.state != 'diverged':
             raise RunStopped(f"training {run.variant} (seed {run.seed}) failed with exit status {rc}: {tail}; "
                              f"see {self.out_path}, fix it and run the same command again to continue.")
-        if run.state == 'mismatch':  # trained to its end, on a dataset that another command prepared meanwhile
-            raise UserError(f"{run.describe_mismatch()}; its dataset was prepared again while it trained, so train it "
-                            f"again with --overwrite=True.")
+        if run.state == 'mismatch':  # trained to its end, on a dataset prepared again or code edited meanwhile
+            raise UserError(f"{run.describe_mismatch()}; that changed while the run trained, so train it again with "
+                            f"--overwrite=True.")
         how = f"resumed from iteration {self.resumed_from}" if self.resumed_from is not None else 'trained'
         line = f"{self.name}: {how} in {time.time() - self.t0:.0f} s"
         if run.state == 'diverged':

@@ -43,8 +43,8 @@ from machinery.cli import UserError, parse_args, run_cli
 from machinery.files import ctrl_c_held, write_file
 from machinery.lock import lock_run_dir
 from machinery.progress import progress_bar
-from machinery.run_log import (LOG, Diverged, append_log, check_finite_losses, check_finite_weights, note_diverged,
-                               open_for_try)
+from machinery.run_log import (LOG, Diverged, append_log, check_finite_losses, check_finite_weights, code_hash,
+                               note_diverged, open_for_try)
 from model import GPT, GPTConfig
 
 
@@ -106,7 +106,7 @@ def set_up(cfg, checkpoint):
     r = SimpleNamespace(cfg=cfg, out_dir=cfg['out_dir'], ckpt_path=os.path.join(cfg['out_dir'], ckpt_io.CKPT))
     r.hw = hw = device.setup(cfg['device'], cfg['dtype'])
     r.threads = device.set_threads(cfg['threads'])  # before compiling: Inductor's C++ kernels take the count then
-    r.env = device.environment(hw)  # named in the first log line this process writes
+    r.env = {**device.environment(hw), 'code': code_hash()}  # named in the first log line this process writes
     r.master, r.autocast = hw.rank == 0, device.autocast(hw.device_type, hw.dtype)  # only the master writes
     r.peak = speed.peak_flops(hw.device_type, hw.dtype, cfg['peak_flops'])  # for MFU
     if checkpoint is None and os.path.exists(r.ckpt_path) and not cfg['overwrite']:

@@ -22,7 +22,7 @@ from data.loader import open_loader
 from machinery.checkpoint import CKPT, load_checkpoint
 from machinery.cli import UserError, parse_args, reading, split_list
 from machinery.files import remove_dead_temps
-from machinery.run_log import DIVERGED, LOG, read_log_lines
+from machinery.run_log import DIVERGED, IDEAS, LOG, code_hash, read_log_lines
 from model import GPT
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')  # the repo's
@@ -138,8 +138,10 @@ def make_run(cfg, variant, seed, lr=None):
                         wandb_run_name=f"{cfg['wandb_run_name']}-{wandb_name}" if cfg['wandb_run_name'] else wandb_name,
                         wandb_tags=','.join(split_list(cfg['wandb_tags']) + [variant, f'seed{seed}']))
     name = f"{variant} seed {seed}" + (f" lr {lr:.3g}" if lr is not None else '')  # as progress lines show it
+    # the code it is to train with (run_log.code_hash); a report reads what the runs measured, whatever their code
+    code = None if cfg['report'] else code_hash()
     return dict(variant=variant, seed=seed, lr=lr, name=name, dir=settings['out_dir'], processes=cfg['nproc_per_run'],
-                settings=settings)
+                settings=settings, code=code)
 
 
 @dataclass
@@ -147,7 +149,8 @@ class Run:
     """A run's spec and what its directory held when it was scanned. state, the one word for its outcome: 'done',
     'diverged' (its outcome at these settings), 'resume' (a checkpoint to continue from), 'scratch'
     (nothing yet), 'retrain' (a checkpoint whose log lines are gone, so its results cannot be read) or 'mismatch'
-    (trained with other settings, or on its dataset before it was prepared again)."""
+    (trained with other settings, with other code of activations.py or model.py, or on its dataset before it was
+    prepared again)."""
     spec: dict
     state: str
     records: list  # log.jsonl's records
@@ -156,6 +159,7 @@ class Run:
     intent: dict  # compare.json, {} if none
     found: dict | None  # the identity the directory holds, None if it holds none
     other_data: bool = False  # trained on its dataset before it was prepared again (data_now)
+    other_code: bool = False  # a try of it trained with other code than the spec's (run_log.code_hash)
 
     variant = property(lambda self: self.spec['variant'])
     seed = property(lambda self: self.spec['seed'])
@@ -174,6 +178,8 @@ class Run:
         if self.other_data:
             return (f"{self.dir} was trained on other data: its checkpoint's meta.json or its validation windows are "
                     f"not those of {self.settings['dataset']} as it is prepared now")
+        if self.other_code:
+            return f"{self.dir} was trained with other code of {' or '.join(IDEAS)} than they hold now"
         wanted = identity(self.settings, self.processes)
         keys = sorted(k for k in wanted if self.found.get(k) != wanted[k])
         shown = ', '.join(f"{k}={self.found.get(k)!r} (now {wanted[k]!r})" for k in keys[:4])
@@ -203,7 +209,9 @@ def scan(spec):
     if found == wanted and (logged is not None or ckpt is not None):
         meta, val_hash = data_now(spec['settings'])
         other_data = (ckpt is not None and ckpt.get('meta') != meta) or logged not in (None, val_hash)
-    if found is not None and found != wanted or other_data:
+    codes = {r['env'].get('code') for r in records if isinstance(r.get('env'), dict)}  # each try's first line
+    other_code = spec.get('code') is not None and found == wanted and bool(records) and codes != {spec['code']}
+    if found is not None and found != wanted or other_data or other_code:
         state = 'mismatch'
     elif saved == spec['settings']['max_iters'] and evaluated(saved):
         state = 'done'
@@ -213,7 +221,7 @@ def scan(spec):
         state = 'scratch'
     else:
         state = 'resume' if evaluated(saved) else 'retrain'
-    return Run(spec, state, records, damaged, ckpt, intent, found, other_data)
+    return Run(spec, state, records, damaged, ckpt, intent, found, other_data, other_code)
 
 
 def command_line(spec, mode):

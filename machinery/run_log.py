@@ -6,6 +6,9 @@ readable while the run goes on. Its one reader, read_log_lines, trusts what trai
 missing field as missing. Beside it, diverged.txt: why a run diverged: its outcome at its settings. open_for_try makes a
 run's directory ready for a new try.
 """
+import ast
+import functools
+import hashlib
 import json
 import math
 import os
@@ -21,6 +24,28 @@ from machinery.files import append_lines, remove_dead_temps, write_text
 LOG = 'log.jsonl'
 DIVERGED = 'diverged.txt'  # why the run diverged (train.py), its outcome at these settings; a new try removes it
 DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
+IDEAS = ('activations.py', 'model.py')  # the code a learner edits to try an idea: each run logs which it trained with
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
+
+
+@functools.lru_cache(maxsize=None)
+def code_hash(root=ROOT):
+    """12 hex digits of a SHA-256 of the code of activations.py and model.py as they are now, their comments and
+    docstrings aside (what a reformatting changes is not the code): train.py logs it, and a comparison trains again a
+    run whose log names other code."""
+    digest = hashlib.sha256()
+    for name in IDEAS:
+        with open(os.path.join(root, name), encoding='utf-8') as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):  # a docstring is a body's first statement, a string
+            body = getattr(node, 'body', None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(
+                    body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+        digest.update(ast.dump(tree).encode())
+    return digest.hexdigest()[:12]
 
 
 def parse_record(line):

@@ -316,7 +316,8 @@ def test_a_planned_run_that_diverged_before_its_first_checkpoint_keeps_its_setti
         compare.main(argv + ['--plan=True'])
     (run,) = grid_specs(compare.settings(argv + ['--learning_rate=1e-3']))
     assert scan_state(run) == 'scratch'  # planned, never started: the new settings simply replace the plan
-    run_log.append_log(os.path.join(run['dir'], 'log.jsonl'), {'iter': 0, 'tokens': 0, 'val_loss': 4.2})
+    run_log.append_log(os.path.join(run['dir'], 'log.jsonl'), {'iter': 0, 'tokens': 0, 'val_loss': 4.2,
+                                                                'env': {'code': run_log.code_hash()}})
     with open(os.path.join(run['dir'], 'diverged.txt'), 'w') as f:
         f.write('the training loss became non-finite\n')
     assert scan_state(grid_specs(compare.settings(argv))[0]) == 'diverged'
@@ -325,6 +326,47 @@ def test_a_planned_run_that_diverged_before_its_first_checkpoint_keeps_its_setti
         compare.main(argv + ['--learning_rate=1e-3', '--overwrite=True', '--plan=True'])  # nothing it holds
     assert scan_state(grid_specs(compare.settings(argv))[0]) == 'diverged'
     assert scan_state(run) == 'mismatch'
+
+
+def test_the_code_a_run_logs_is_that_of_activations_and_model_comments_and_docstrings_aside(tmp_path):
+    for name in run_log.IDEAS:
+        shutil.copy(os.path.join(REPO, name), tmp_path / name)
+    now = lambda: (run_log.code_hash.cache_clear(), run_log.code_hash(str(tmp_path)))[1]
+    assert now() == run_log.code_hash()
+    act = tmp_path / 'activations.py'
+    text = act.read_text()
+    assert text.count('"""a_0 + Σ') == text.count('    hf, a =') == text.count('a[p] * inv_rms * base**p') == 1
+    noted = text.replace('"""a_0 + Σ', '"""(edited) a_0 + Σ').replace('    hf, a =', '    # why\n    hf, a =')
+    act.write_text('# a note\n' + noted)
+    assert now() == run_log.code_hash()  # only what a reader sees changed
+    act.write_text(text.replace('a[p] * inv_rms * base**p', 'a[p] * inv_rms * 3 * base**p'))
+    assert now() != run_log.code_hash()  # a learner's edit of a formula
+
+
+def test_a_run_trained_with_other_code_is_trained_again_never_reused_but_reported(shakespeare_char_dir, tmp_path,
+                                                                                 capsys):
+    """A learner edits a formula and runs the same comparison again: a finished run (or a diverged one) whose log
+    names other code of activations.py or model.py is refused as one of other settings is, and --overwrite=True
+    retrains it; --report reads what the runs measured, whatever their code."""
+    argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={tmp_path}', '--variants=gelu', '--seeds=1', '--lrs=',
+            *TINY]
+    (spec,) = grid_specs(compare.settings(argv))
+    os.makedirs(spec['dir'])
+    files.write_json(os.path.join(spec['dir'], runs.INTENT), {'settings': spec['settings'], 'processes': 1})
+    log = os.path.join(spec['dir'], 'log.jsonl')
+    run_log.append_log(log, {'iter': 0, 'tokens': 0, 'val_loss': 4.2, 'env': {'code': run_log.code_hash()}})
+    with open(os.path.join(spec['dir'], 'diverged.txt'), 'w') as f:
+        f.write('the training loss became non-finite\n')
+    assert scan_state(spec) == 'diverged'  # this code's outcome: reused
+    run_log.append_log(log, {'iter': 1, 'tokens': 128, 'loss': 4.1, 'env': {'code': 'before an edit'}})  # a 2nd try
+    run = runs.scan(spec)
+    assert run.state == 'mismatch' and run.describe_mismatch() == (
+        f"{spec['dir']} was trained with other code of activations.py or model.py than they hold now")
+    code, err = call(compare.main, argv, capsys)
+    assert code == 2 and 'was trained with other code' in err and '--overwrite=True' in err
+    assert compare.START[run.state] == 'overwrite'  # what --overwrite=True starts it as
+    (reported,) = grid_specs(compare.settings(argv + ['--report=True']))
+    assert reported['code'] is None and scan_state(reported) == 'diverged'
 
 
 def test_a_run_trained_before_its_dataset_was_prepared_again_is_refused(shakespeare_char_dir, tmp_path, capsys):
@@ -337,7 +379,8 @@ def test_a_run_trained_before_its_dataset_was_prepared_again_is_refused(shakespe
     os.makedirs(spec['dir'])
     files.write_json(os.path.join(spec['dir'], runs.INTENT), {'settings': spec['settings'], 'processes': 1})
     log, (meta, val_hash) = os.path.join(spec['dir'], 'log.jsonl'), runs.data_now(spec['settings'])
-    run_log.append_log(log, {'iter': 0, 'tokens': 0, 'val_loss': 4.2, 'val_hash': val_hash})
+    env = {'code': run_log.code_hash()}  # as a try's first line names the code it trains with
+    run_log.append_log(log, {'iter': 0, 'tokens': 0, 'val_loss': 4.2, 'val_hash': val_hash, 'env': env})
     assert scan_state(spec) == 'scratch'  # this dataset's windows: a try to continue
     run_log.append_log(log, {'iter': 2, 'tokens': 256, 'val_loss': 4.0, 'val_hash': 'f' * 64})
     assert scan_state(spec) == 'mismatch'
@@ -347,7 +390,7 @@ def test_a_run_trained_before_its_dataset_was_prepared_again_is_refused(shakespe
         f"those of shakespeare_char as it is prepared now; use another --out_dir, or pass --overwrite=True to retrain "
         f"the runs that differ (1 at this step).")
     os.remove(log)
-    run_log.append_log(log, {'iter': 2, 'tokens': 256, 'val_loss': 4.0, 'val_hash': val_hash})
+    run_log.append_log(log, {'iter': 2, 'tokens': 256, 'val_loss': 4.0, 'val_hash': val_hash, 'env': env})
     ckpt = {'config': spec['settings'], 'world_size': 1, 'iter_num': 2, 'meta': meta}
     torch.save(ckpt, os.path.join(spec['dir'], 'ckpt.pt'))
     assert scan_state(spec) == 'resume'
@@ -357,8 +400,8 @@ def test_a_run_trained_before_its_dataset_was_prepared_again_is_refused(shakespe
     job = compare.Job.__new__(compare.Job)  # as Job.__init__ leaves it once its train.py has exited with status 0
     job.run, job.t0, job.name, job.resumed_from = runs.scan(spec), 0.0, spec['name'], None
     job.out_path, job.proc = os.path.join(spec['dir'], 'train.out'), types.SimpleNamespace(returncode=0)
-    with pytest.raises(UserError, match="was trained on other data: .*; its dataset was prepared again while it "
-                                        "trained, so train it again with --overwrite=True."):
+    with pytest.raises(UserError, match="was trained on other data: .*; that changed while the run trained, so "
+                                        "train it again with --overwrite=True."):
         job.finish()
 
 

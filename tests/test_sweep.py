@@ -21,6 +21,7 @@ from test_hostile import TINY, call  # noqa: E402
 import compare  # noqa: E402
 from comparison import report, runs as runs_py  # noqa: E402
 from machinery.cli import UserError  # noqa: E402
+from machinery.run_log import code_hash  # noqa: E402
 
 
 from comparison import runs  # noqa: E402
@@ -56,7 +57,8 @@ def finish(run, select, report_half):
             'val_loss': (select + report_half) / 2, 'val_halves': [select, report_half], 'val_hash': 'v',
             'batch_hash': f"b{run['seed']}"}
     with open(os.path.join(run['dir'], 'log.jsonl'), 'w') as f:
-        f.write(json.dumps({'iter': 0, 'tokens': 0, 'val_loss': 4.4, 'val_halves': [4.4, 4.4]}) + '\n')
+        f.write(json.dumps({'iter': 0, 'tokens': 0, 'val_loss': 4.4, 'val_halves': [4.4, 4.4],
+                            'env': {'code': code_hash()}}) + '\n')
         f.write(json.dumps(last) + '\n')
     # what of its checkpoint a comparison reads: a run is done once its checkpoint is at its last iteration
     torch.save({'config': run['settings'], 'world_size': 1, 'iter_num': last['iter']},
