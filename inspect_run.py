@@ -20,6 +20,7 @@ from comparison.acts import inspect, short_label, write
 from machinery.cli import parse_args, run_cli
 from machinery.device import resolve_device
 from machinery.files import check_writable
+from machinery.run_log import IDEAS, LOG, code_hash, codes_of, read_log_lines
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory: ckpt.pt, log.jsonl; acts.png and acts.json are written there
@@ -37,6 +38,9 @@ def main(argv):
     if report['damaged_lines']:
         print(f"warning: {report['damaged_lines']} damaged line(s) of {cfg['out_dir']}/log.jsonl set aside.",
               file=sys.stderr)
+    if codes_of(read_log_lines(os.path.join(cfg['out_dir'], LOG))[0]) - {code_hash()}:
+        print(f"note: {cfg['out_dir']} trained with other code of {' or '.join(IDEAS)} than they hold now; its φ is "
+              f"drawn with the code as it is now.", file=sys.stderr)
     write(cfg['out_dir'], report)
     for i, layer in enumerate(report['layers']):
         moved = ', '.join(f"{short_label(n, layer['branches'])} {b['moved']:.4f} (init rms {b['init_rms']:.3f})"

@@ -22,7 +22,7 @@ from data.loader import open_loader
 from machinery.checkpoint import CKPT, load_checkpoint
 from machinery.cli import UserError, parse_args, reading, split_list
 from machinery.files import remove_dead_temps
-from machinery.run_log import DIVERGED, IDEAS, LOG, code_hash, read_log_lines
+from machinery.run_log import DIVERGED, IDEAS, LOG, code_hash, codes_of, read_log_lines
 from model import GPT
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')  # the repo's
@@ -209,8 +209,7 @@ def scan(spec):
     if found == wanted and (logged is not None or ckpt is not None):
         meta, val_hash = data_now(spec['settings'])
         other_data = (ckpt is not None and ckpt.get('meta') != meta) or logged not in (None, val_hash)
-    codes = {r['env'].get('code') for r in records if isinstance(r.get('env'), dict)}  # each try's first line
-    other_code = spec.get('code') is not None and found == wanted and bool(records) and codes != {spec['code']}
+    other_code = spec['code'] is not None and found == wanted and bool(records) and codes_of(records) != {spec['code']}
     if found is not None and found != wanted or other_data or other_code:
         state = 'mismatch'
     elif saved == spec['settings']['max_iters'] and evaluated(saved):
