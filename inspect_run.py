@@ -34,13 +34,13 @@ def main(argv):
     cfg, _ = parse_args(DEFAULTS, argv, prog='inspect_run.py', doc=__doc__.split('\n\n')[1])
     if os.path.isdir(cfg['out_dir']):  # no folder: no checkpoint, which inspect says
         check_writable(cfg['out_dir'])  # acts.png and acts.json go there: say so before the work, not after
+    if codes_of(read_log_lines(os.path.join(cfg['out_dir'], LOG))[0]) - {code_hash(), None}:
+        print(f"note: {cfg['out_dir']} trained with other code of {' or '.join(IDEAS)} than they hold now; its φ is "
+              f"drawn with the code as it is now.", file=sys.stderr)
     report = inspect(cfg['out_dir'], cfg['data_dir'], cfg['bins'], resolve_device(cfg['device']))
     if report['damaged_lines']:
         print(f"warning: {report['damaged_lines']} damaged line(s) of {cfg['out_dir']}/log.jsonl set aside.",
               file=sys.stderr)
-    if codes_of(read_log_lines(os.path.join(cfg['out_dir'], LOG))[0]) - {code_hash()}:
-        print(f"note: {cfg['out_dir']} trained with other code of {' or '.join(IDEAS)} than they hold now; its φ is "
-              f"drawn with the code as it is now.", file=sys.stderr)
     write(cfg['out_dir'], report)
     for i, layer in enumerate(report['layers']):
         moved = ', '.join(f"{short_label(n, layer['branches'])} {b['moved']:.4f} (init rms {b['init_rms']:.3f})"

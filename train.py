@@ -330,7 +330,11 @@ def train(r):
     try:
         if r.iter_num == 0:  # the untrained model's validation loss starts every curve
             record = {'iter': 0, 'tokens': 0, 'lr': get_lr(0, cfg), 'batch_hash': r.loader.batch_hash}
-            check_finite_weights(r.raw_model, add_evaluation(r, record), 0, r.kept())
+            try:
+                check_finite_weights(r.raw_model, add_evaluation(r, record), 0, r.kept())
+            except Diverged:  # logged without its numbers (NaN is no JSON): the try, its settings and code are known
+                write_log(r, {k: record[k] for k in ('iter', 'tokens', 'lr', 'batch_hash')})
+                raise
             write_log(r, record)
             if r.master:
                 pbar.write(f"iter 0: val loss {record['val_loss']:.4f}")

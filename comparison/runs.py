@@ -178,8 +178,10 @@ class Run:
         if self.other_data:
             return (f"{self.dir} was trained on other data: its checkpoint's meta.json or its validation windows are "
                     f"not those of {self.settings['dataset']} as it is prepared now")
-        if self.other_code:
-            return f"{self.dir} was trained with other code of {' or '.join(IDEAS)} than they hold now"
+        if self.other_code:  # None: a try that logged no code (before runs logged it)
+            return (f"{self.dir} was trained with other code of {' or '.join(IDEAS)} than this comparison's"
+                    if codes_of(self.records) - {None, self.spec['code']} else
+                    f"{self.dir} does not say which code of {' or '.join(IDEAS)} it was trained with")
         wanted = identity(self.settings, self.processes)
         keys = sorted(k for k in wanted if self.found.get(k) != wanted[k])
         shown = ', '.join(f"{k}={self.found.get(k)!r} (now {wanted[k]!r})" for k in keys[:4])

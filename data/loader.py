@@ -61,9 +61,10 @@ def open_loader(dataset, block_size, batch_size, seed, data_dir="data", rank=0, 
         print(f"preparing the bundled dataset {dataset} into {out} (once, seconds)", file=sys.stderr)
         p = subprocess.run([sys.executable, os.path.join(DATA_DIR, dataset, "prepare.py"), f"--out_dir={out}"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if p.returncode != 0:  # e.g. files there that no preparation wrote, which it refuses to replace
-        why = (p.stderr.strip().splitlines() or ["no reason given"])[-1].removeprefix("error: ").rstrip(".")
-        raise UserError(f"could not prepare {dataset} into {out} ({why}); point --data_dir at another folder.")
+    if p.returncode != 0:  # its one sentence (e.g. files there no preparation wrote, kept), or a crash's last line
+        why = (p.stderr.strip().splitlines() or ["no reason given"])[-1].split(": ", 1)[-1].rstrip(".")
+        hint = "" if p.returncode in (2, 3) else "; point --data_dir at another folder"
+        raise UserError(f"could not prepare {dataset} into {out}: {why}{hint}.")
     return DataLoader(dataset, block_size, batch_size, seed, rank, world_size, data_dir)
 
 

@@ -45,9 +45,10 @@ def check_alone(dataset_dir, dataset, own):
     names = [os.path.basename(p) for p in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val")]
     foreign = [n for n in names if not re.fullmatch(own, n)]
     if other != dataset or foreign:
-        held = f"the dataset {other}" if other != dataset else ", ".join(foreign[:3]) + (", ..." if foreign[3:] else "")
-        raise UserError(f"{dataset_dir} holds {held}, whose shards the loader would read with {dataset}'s; prepare "
-                        f"{dataset} into a folder of its own (--out_dir).")
+        held = (f"the dataset {other}, whose shards" if other != dataset else
+                ", ".join(foreign[:3]) + (", ..." if foreign[3:] else "") + ", shards that")
+        raise UserError(f"{dataset_dir} holds {held} the loader would read with {dataset}'s; prepare {dataset} into a "
+                        f"folder of its own (--out_dir).")
 
 
 def check_replaceable(dataset_dir, hint):

@@ -9,10 +9,12 @@ run's directory ready for a new try.
 import ast
 import functools
 import hashlib
+import io
 import json
 import math
 import os
 import sys
+import tokenize
 from contextlib import suppress
 
 import torch
@@ -32,19 +34,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 
 @functools.lru_cache(maxsize=None)
 def code_hash(root=ROOT):
-    """12 hex digits of a SHA-256 of the code of activations.py and model.py as they are now, their comments and
-    docstrings aside (what a reformatting changes is not the code): train.py logs it, and a comparison trains again a
-    run whose log names other code."""
+    """12 hex digits of a SHA-256 of the code of activations.py and model.py as they are now, their comments,
+    docstrings and layout aside (what a reader sees is not what runs): train.py logs it, and a comparison refuses to
+    reuse a run whose log names other code. Taken from the source's lines, not from a syntax tree's dump, which differs
+    between Python versions."""
     digest = hashlib.sha256()
     for name in IDEAS:
-        with open(os.path.join(root, name), encoding='utf-8') as f:
-            tree = ast.parse(f.read())
-        for node in ast.walk(tree):  # a docstring is a body's first statement, a string
-            body = getattr(node, 'body', None)
-            if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(
-                    body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-                node.body = body[1:] or [ast.Pass()]
-        digest.update(ast.dump(tree).encode())
+        with open(os.path.join(root, name), 'rb') as f:
+            source = f.read()
+        lines = source.decode(tokenize.detect_encoding(io.BytesIO(source).readline)[0]).splitlines()  # a BOM, a cookie
+        for t in tokenize.tokenize(io.BytesIO(source).readline):  # a comment runs to the end of its line
+            if t.type == tokenize.COMMENT and lines[t.start[0] - 1].endswith(t.string):
+                lines[t.start[0] - 1] = lines[t.start[0] - 1][:-len(t.string)]
+        docs = {n for node in ast.walk(ast.parse(source)) if isinstance(body := getattr(node, 'body', None), list) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str) for n in range(body[0].lineno, body[0].end_lineno + 1)}
+        digest.update(' '.join(' '.join(l for i, l in enumerate(lines, 1) if i not in docs).split()).encode())
     return digest.hexdigest()[:12]
 
 
@@ -146,8 +151,8 @@ def check_finite_weights(model, val_loss, iter_num, kept):
     if not (math.isfinite(val_loss) and all(bool(p.isfinite().all()) for p in model.parameters())):
         if iter_num == 0:  # before any step: the model's own arithmetic, not its training
             raise Diverged(f"the untrained model's validation loss is {val_loss}, before any step, so the run stopped; "
-                           f"its forward computes a non-finite value at its init: check its FFN's formula "
-                           f"(activations.py).")
+                           f"its forward computes a non-finite value at its init: check the code it runs "
+                           f"(activations.py, model.py), or use another dtype.")
         raise Diverged(f"the weights became non-finite at iteration {iter_num} (validation loss {val_loss}), so the run "
                        f"stopped and {kept}; {DIVERGED_HINT}, then resume or start again.")
 

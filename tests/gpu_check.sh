@@ -41,7 +41,7 @@ echo '```' >> "$report"
 python - "$work/data/random" <<'EOF'
 import json, os, sys
 import numpy as np
-from data.shards import write_shard
+from data.write import write_shard
 os.makedirs(sys.argv[1])
 tokens = np.random.default_rng(0).integers(0, 50257, 40_000_000)
 write_shard(os.path.join(sys.argv[1], 'train_000.bin'), tokens)

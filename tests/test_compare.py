@@ -339,6 +339,8 @@ def test_the_code_a_run_logs_is_that_of_activations_and_model_comments_and_docst
     noted = text.replace('"""a_0 + Σ', '"""(edited) a_0 + Σ').replace('    hf, a =', '    # why\n    hf, a =')
     act.write_text('# a note\n' + noted)
     assert now() == run_log.code_hash()  # only what a reader sees changed
+    act.write_bytes(b'\xef\xbb\xbf' + text.encode())  # a BOM, as some editors save: Python reads the same code
+    assert now() == run_log.code_hash()
     act.write_text(text.replace('a[p] * inv_rms * base**p', 'a[p] * inv_rms * 3 * base**p'))
     assert now() != run_log.code_hash()  # a learner's edit of a formula
 
@@ -354,14 +356,19 @@ def test_a_run_trained_with_other_code_is_trained_again_never_reused_but_reporte
     os.makedirs(spec['dir'])
     files.write_json(os.path.join(spec['dir'], runs.INTENT), {'settings': spec['settings'], 'processes': 1})
     log = os.path.join(spec['dir'], 'log.jsonl')
-    run_log.append_log(log, {'iter': 0, 'tokens': 0, 'val_loss': 4.2, 'env': {'code': run_log.code_hash()}})
     with open(os.path.join(spec['dir'], 'diverged.txt'), 'w') as f:
-        f.write('the training loss became non-finite\n')
-    assert scan_state(spec) == 'diverged'  # this code's outcome: reused
-    run_log.append_log(log, {'iter': 1, 'tokens': 128, 'loss': 4.1, 'env': {'code': 'before an edit'}})  # a 2nd try
+        f.write("the untrained model's validation loss is nan\n")
+    # the line train.py writes for a run whose untrained model is already non-finite (tests/test_train.py)
+    start = {'iter': 0, 'tokens': 0, 'lr': 1e-4, 'batch_hash': '0' * 64}
+    for code, state in ((run_log.code_hash(), 'diverged'), ('before an edit', 'mismatch'), (None, 'mismatch')):
+        files.write_text(log, json.dumps({**start, 'env': {'code': code} if code else {}}) + '\n')
+        assert scan_state(spec) == state, code  # this code's outcome is reused; another's, or an unknown's, is not
+    assert runs.scan(spec).describe_mismatch() == (
+        f"{spec['dir']} does not say which code of activations.py or model.py it was trained with")
+    run_log.append_log(log, {**start, 'iter': 1, 'env': {'code': 'before an edit'}})  # and of a second try
     run = runs.scan(spec)
     assert run.state == 'mismatch' and run.describe_mismatch() == (
-        f"{spec['dir']} was trained with other code of activations.py or model.py than they hold now")
+        f"{spec['dir']} was trained with other code of activations.py or model.py than this comparison's")
     code, err = call(compare.main, argv, capsys)
     assert code == 2 and 'was trained with other code' in err and '--overwrite=True' in err
     assert compare.START[run.state] == 'overwrite'  # what --overwrite=True starts it as
