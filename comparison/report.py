@@ -379,7 +379,10 @@ def write_markdown(path, summary):
              + (" Logs: the same batches per seed (batch_hash), the same validation windows (val_hash)." if same else ''),
              '', 'Settings: ' + ', '.join(f'{k}={v}' for k, v in summary['settings'].items()), '',
              'Ran on: ' + ('; '.join(', '.join(f'{k} {v}' for k, v in e.items() if v is not None)
-                                     for e in summary.get('ran_on', [])) or 'not recorded'), '', table(summary), '',
+                                     for e in summary.get('ran_on', [])) or 'not recorded')
+             + ('' if not any('code' in e for e in summary.get('ran_on', [])) else
+                ' (code: a fingerprint of activations.py and model.py, comments and docstrings aside).'),
+             '', table(summary), '',
              f"Final val loss: the last evaluation's. Δ: the difference to {summary['baseline']}, paired by seed (same "
              f"batches); resolved: a paired t-test at 95% (Student's t, n−1 dof). tok/s: median over log lines; train "
              f"time: optimizer steps only, {times_note(summary)}. params: total (tied embedding once)"

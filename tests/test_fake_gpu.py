@@ -446,7 +446,9 @@ def test_each_try_and_each_summary_names_what_it_ran_on(shakespeare_char_dir, tm
     assert env['torch'] == torch.__version__ and env['device'].startswith('cpu') and env['cuda'] == torch.version.cuda
     summary = json.loads((tmp_path / 'cmp' / 'summary.json').read_text())
     assert summary['ran_on'] == [env]  # both runs, one machine
-    assert f"Ran on: torch {torch.__version__}, torch_commit" in (tmp_path / 'cmp' / 'summary.md').read_text()
+    md = (tmp_path / 'cmp' / 'summary.md').read_text()
+    assert f"Ran on: torch {torch.__version__}, torch_commit" in md and f"code {env['code']}" in md
+    assert '(code: a fingerprint of activations.py and model.py, comments and docstrings aside)' in md
 
 
 def test_the_memory_estimate_is_within_15_percent_of_the_measured_peak_at_gpt2_small():
