@@ -33,7 +33,7 @@ from machinery.speed import compile_cache_dir
 from machinery.files import check_writable, ctrl_c_held, remove_dead_temps, write_json
 from machinery.lock import HELD, LOCK, LOCK_FD_ENV, try_lock_run_dir
 from machinery.progress import progress_bar
-from machinery.run_log import LOG, clear_diverged, parse_record
+from machinery.run_log import IDEAS, LOG, clear_diverged, code_hash, codes_of, parse_record
 from comparison.ladder import scale_counts
 from comparison.runs import (FINISHED, INTENT, TRAIN_OUT, at_rate, check_variants, command_line, make_run, meta_model,
                              scan, tuning_key, variant_rates, variant_settings)
@@ -367,6 +367,10 @@ def train_all(todo, slots, threads, overwrite, pbar, finished=lambda runs: None)
                         pbar.write(f"{run.name}: {run.dir} is in use by {owner}; waiting for it", file=sys.stderr)
                     continue
                 pending.remove(run)
+                if code_hash.__wrapped__() != run.spec['code']:  # read anew: an edit would mix code in the results
+                    lock.close()
+                    raise UserError(f"{' or '.join(IDEAS)} changed while this comparison ran; run the same command "
+                                    f"again, with --overwrite=True to train again the runs of the code before.")
                 now = scan(run.spec)  # another process may have trained it meanwhile
                 if now.state == 'mismatch' and not overwrite:
                     lock.close()
@@ -522,6 +526,14 @@ def run_comparison(cfg, comp, runs):
 
 def write_report(cfg, comp, runs, fresh):
     """summary.json, summary.md, loss.png and acts.png into out_dir; the table (the results) on stdout."""
+    codes = set().union(*(codes_of(r.records) for r in runs + fresh)) - {None}  # only --report can read several
+    if len(codes) > 1:
+        raise UserError(f"the runs of {cfg['out_dir']} trained with {len(codes)} versions of {' or '.join(IDEAS)}, "
+                        f"which a table would pair as one; run the same command without --report and with "
+                        f"--overwrite=True to train again those not of the code as it is now.")
+    if codes and code_hash() not in codes:
+        print(f"compare: note: these runs trained with other code of {' or '.join(IDEAS)} than they hold now; "
+              f"acts.png draws them with the code as it is now.", file=sys.stderr)
     shown = {k: cfg[k] for k in keys_that('shown')}  # whether chosen or left at train.py's defaults
     chosen = {k: cfg[k] for k in keys_that('id') if cfg[k] != configurator.DEFAULTS[k]
               and k not in shown and k not in ('ffn', 'seed')}  # those two are set per run

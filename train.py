@@ -186,6 +186,9 @@ def restore(ckpt, r):
         if same:
             set_rng_state(ckpt['rng'][r.hw.rank], r.hw.device_type)  # after the model's init used the RNG
     r.saved_iter = r.iter_num
+    if ckpt.get('code') not in (None, code_hash()) and r.master:
+        print(f"note: the checkpoint was trained with other code of activations.py or model.py than they hold now; "
+              f"the run continues with the code as it is.")
     if not same and r.master:
         print(f"note: the checkpoint was written by {ckpt['world_size']} process(es), this run has "
               f"{r.hw.world_size}; the data stream continues, dropout randomness does not.")
@@ -303,6 +306,7 @@ def save_checkpoint(r, val_loss):
             'iter_num': r.iter_num, 'best_val_loss': r.best_val_loss, 'val_loss': val_loss, 'tokens': r.tokens,
             'train_time': r.train_time, 'world_size': r.hw.world_size,
             'compiled': r.compiled,  # whether its times are compiled or eager times
+            'code': code_hash(),  # of activations.py and model.py: a resume says when they changed since
             'rng': [s['rng'] for s in states], 'loader': [s['loader'] for s in states], 'log_lines': r.log_lines,
         }, r.ckpt_path)
     r.saved_iter = r.iter_num

@@ -35,9 +35,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 @functools.lru_cache(maxsize=None)
 def code_hash(root=ROOT):
     """12 hex digits of a SHA-256 of the code of activations.py and model.py as they are now, their comments,
-    docstrings and layout aside (what a reader sees is not what runs): train.py logs it, and a comparison refuses to
-    reuse a run whose log names other code. Taken from the source's lines, not from a syntax tree's dump, which differs
-    between Python versions."""
+    docstrings and whitespace aside (a reader's, not what runs): train.py logs it, and a comparison refuses to reuse a
+    run whose log names other code. Taken from the source's lines, not from a syntax tree's dump, which differs between
+    Python versions."""
     digest = hashlib.sha256()
     for name in IDEAS:
         with open(os.path.join(root, name), 'rb') as f:
@@ -49,7 +49,7 @@ def code_hash(root=ROOT):
         docs = {n for node in ast.walk(ast.parse(source)) if isinstance(body := getattr(node, 'body', None), list) and body
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str) for n in range(body[0].lineno, body[0].end_lineno + 1)}
-        digest.update(' '.join(' '.join(l for i, l in enumerate(lines, 1) if i not in docs).split()).encode())
+        digest.update(''.join(''.join(l for i, l in enumerate(lines, 1) if i not in docs).split()).encode())
     return digest.hexdigest()[:12]
 
 

@@ -25,7 +25,7 @@ sys.path.insert(0, REPO)
 
 from test_hostile import call
 import compare
-from machinery import files, run_log
+from machinery import files, progress, run_log
 from comparison import report, runs
 from machinery.cli import RunStopped, UserError, run_cli
 from comparison.runs import tuning_key
@@ -336,9 +336,11 @@ def test_the_code_a_run_logs_is_that_of_activations_and_model_comments_and_docst
     act = tmp_path / 'activations.py'
     text = act.read_text()
     assert text.count('"""a_0 + Σ') == text.count('    hf, a =') == text.count('a[p] * inv_rms * base**p') == 1
-    noted = text.replace('"""a_0 + Σ', '"""(edited) a_0 + Σ').replace('    hf, a =', '    # why\n    hf, a =')
+    assert text.count('(own**p).square().mean(-1, keepdim=True) + eps)') == 1
+    noted = text.replace('"""a_0 + Σ', '"""(edited) a_0 + Σ').replace('    hf, a =', '    # why\n    hf, a =').replace(
+        'inv_rms * base**p', 'inv_rms * base ** p').replace('.mean(-1, keepdim=True) + eps)', '.mean(-1,\n            keepdim=True)+eps)')
     act.write_text('# a note\n' + noted)
-    assert now() == run_log.code_hash()  # only what a reader sees changed
+    assert now() == run_log.code_hash()  # only what a reader sees changed: comments, docstrings, spacing
     act.write_bytes(b'\xef\xbb\xbf' + text.encode())  # a BOM, as some editors save: Python reads the same code
     assert now() == run_log.code_hash()
     act.write_text(text.replace('a[p] * inv_rms * base**p', 'a[p] * inv_rms * 3 * base**p'))
@@ -374,6 +376,17 @@ def test_a_run_trained_with_other_code_is_trained_again_never_reused_but_reporte
     assert compare.START[run.state] == 'overwrite'  # what --overwrite=True starts it as
     (reported,) = grid_specs(compare.settings(argv + ['--report=True']))
     assert reported['code'] is None and scan_state(reported) == 'diverged'
+
+
+def test_a_report_never_pairs_runs_of_two_codes_and_a_comparison_stops_when_its_code_is_edited(tmp_path):
+    ran = lambda code: types.SimpleNamespace(records=[{'iter': 0, 'env': {'code': code}}])
+    with pytest.raises(UserError, match=r"the runs of .* trained with 2 versions of activations.py or model.py, which "
+                                        r"a table would pair as one; run the same command without --report"):
+        compare.write_report({'out_dir': str(tmp_path)}, {}, [ran('a'), ran('b')], [ran('a')])
+    spec = runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path)), 'gelu', 0)
+    spec['code'] = 'before an edit'  # the code as the comparison started; the files hold other code now
+    with pytest.raises(UserError, match="activations.py or model.py changed while this comparison ran"):
+        compare.train_all([runs.scan(spec)], [None], 0, False, progress.PlainProgress(1, 'runs'))
 
 
 def test_a_run_trained_before_its_dataset_was_prepared_again_is_refused(shakespeare_char_dir, tmp_path, capsys):

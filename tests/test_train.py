@@ -92,6 +92,20 @@ def test_exact_resume(shakespeare_char_dir, tmp_path):
         assert torch.equal(v, cb['model'][k]), k
 
 
+def test_a_resume_says_when_its_checkpoint_was_trained_with_other_code(shakespeare_char_dir, tmp_path, capsys):
+    out = str(tmp_path)
+    train_here(shakespeare_char_dir, out, '--max_iters=2', '--eval_interval=2')
+    path = os.path.join(out, 'ckpt.pt')
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt['code'] == run_log.code_hash()
+    for code, noted in ((run_log.code_hash(), False), ('before an edit', True)):
+        torch.save({**ckpt, 'code': code}, path)
+        capsys.readouterr()
+        train_py.main([f'--out_dir={out}', '--init_from=resume', '--max_iters=2'])
+        said = 'note: the checkpoint was trained with other code of activations.py or model.py' in capsys.readouterr().out
+        assert said == noted
+
+
 def test_a_float16_resume_continues_the_loss_scaler(shakespeare_char_dir, tmp_path):
     """float16 scales the loss (torch.amp.GradScaler; CPU autocast runs float16 too): a resumed run continues the
     saved scaler, its scale and its count of steps since the last change, as one run of the same length has them."""
