@@ -28,6 +28,11 @@ def write_shard(path, tokens):
     write_file(path, lambda f: (f.write(header.tobytes()), f.write(data.tobytes())), binary=True)
 
 
+def shard_names(dataset_dir):
+    """The file names of the shards in dataset_dir, train's then val's."""
+    return [os.path.basename(p) for p in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val")]
+
+
 def check_out_dir(out_dir, shard_tokens=SHARD_TOKENS):
     """Creates out_dir, or a UserError if it cannot take files: before any work, before anything is removed."""
     if not 1 <= shard_tokens < 2**31:  # the header counts a shard's tokens in an int32
@@ -42,7 +47,7 @@ def check_alone(dataset_dir, dataset, own):
     every shard of its folder): a meta.json of another dataset, or shards whose names the regex `own` does not match
     (for a preparation that adds its shards beside those it wrote earlier)."""
     other = (read_json(os.path.join(dataset_dir, "meta.json")) or {}).get("dataset", dataset)
-    names = [os.path.basename(p) for p in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val")]
+    names = shard_names(dataset_dir)
     foreign = [n for n in names if not re.fullmatch(own, n)]
     if other != dataset or foreign:
         held = (f"the dataset {other}, whose shards" if other != dataset else
@@ -57,7 +62,7 @@ def check_replaceable(dataset_dir, hint):
     swap under way, or one a kill cut short)."""
     if any("train_tokens" in (read_json(os.path.join(dataset_dir, s + "meta.json")) or {}) for s in ("", STAGING)):
         return
-    names = [os.path.basename(p) for p in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val")]
+    names = shard_names(dataset_dir)
     names += ["meta.json"] if os.path.exists(os.path.join(dataset_dir, "meta.json")) else []
     if names:
         raise UserError(f"{dataset_dir} holds {', '.join(names[:3])}{', ...' if len(names) > 3 else ''} but no "
@@ -94,7 +99,7 @@ def write_dataset(dataset_dir, train, val, meta, shard_tokens=SHARD_TOKENS):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(path(STAGING + name))
             raise
-        old = [os.path.basename(p) for p in shard_paths(dataset_dir, "train") + shard_paths(dataset_dir, "val")]
+        old = shard_names(dataset_dir)
         if sorted(names) == sorted(old + ["meta.json"] * os.path.exists(path("meta.json"))) and all(
                 filecmp.cmp(path(STAGING + name), path(name), shallow=False) for name in names):
             for name in names:
