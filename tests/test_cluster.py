@@ -144,14 +144,14 @@ def test_train_all_keeps_two_runs_per_gpu(four_gpus, tmp_path, monkeypatch):
     monkeypatch.setattr(compare.time, 'sleep', lambda s: None)
     planned = [runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path)), 'gelu', s) for s in range(12)]
     compare.train_all([runs.scan(r) for r in planned], placement.slots(8, four_gpus, 1), 0, False,
-                      progress.PlainProgress(12, 'runs'))
+                      progress.progress_bar(12, 'runs'))
     records = [read_json(os.path.join(r['dir'], INTENT)) for r in planned]
     assert len(started) == 12 and all(rec['at_once'] == 8 for rec in records)
     assert max(p.load for p in started) == 2
     assert collections.Counter(p.gpu for p in started[:8]) == {g: 2 for g in four_gpus}
     # one run left to train has 8 slots to itself: it trains alone, and its record says so (its tok/s depend on it)
     compare.train_all([runs.scan(runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path / 'one')), 'gelu', 0))],
-                      placement.slots(8, four_gpus, 1), 0, False, progress.PlainProgress(1, 'runs'))
+                      placement.slots(8, four_gpus, 1), 0, False, progress.progress_bar(1, 'runs'))
     assert read_json(os.path.join(tmp_path, 'one', 'gelu', 'seed0', INTENT))['at_once'] == 1
 
 
@@ -311,24 +311,25 @@ def test_stdout_holds_only_results(planned):
 
 
 def test_plain_progress_lines_are_occasional(monkeypatch, capsys):
-    clock = types.SimpleNamespace(time=lambda: now)
-    monkeypatch.setattr(progress, 'time', clock)
+    import tqdm.std
+    monkeypatch.setattr(tqdm.std, 'time', lambda: now)  # tqdm's clock, and the plain lines'
+    monkeypatch.setattr(progress, 'time', types.SimpleNamespace(time=lambda: now))
     now = 0.0
     bar = progress.progress_bar(10, 'train')  # stderr is not a terminal here
-    assert isinstance(bar, progress.PlainProgress)
     for i in range(10):
         now = 10.0 * (i + 1)  # 10 s per step: a line once PLAIN_EVERY = 30 s have passed since the last one
-        bar.set_postfix(loss=f'{10 - i}')
         bar.update()
+        bar.set_postfix(loss=f'{10 - i}')  # as train.py: a redraw, a line only every 30 s
     bar.close()
     out, err = capsys.readouterr()
     lines = err.splitlines()
-    assert out == '' and [line.split(' [')[0] for line in lines] == ['train:  30% 3/10', 'train:  60% 6/10',
-                                                                       'train:  90% 9/10', 'train: 100% 10/10']
+    assert out == '' and '\r' not in err
+    assert [line.split(' [')[0] for line in lines] == ['train:  30% 3/10', 'train:  60% 6/10', 'train:  90% 9/10',
+                                                       'train: 100% 10/10']
     assert lines[-1].endswith('loss=1]')
     stopped = progress.progress_bar(10, 'train')
     stopped.update()
-    stopped.leave = False  # what train.py sets when the run stops: its one-sentence error is all stderr says
+    stopped.leave = False  # what train.py sets when the run stops: its one-sentence error is all stderr says after
     stopped.close()
     assert capsys.readouterr().err == ''
 

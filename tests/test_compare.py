@@ -386,7 +386,7 @@ def test_a_report_never_pairs_runs_of_two_codes_and_a_comparison_stops_when_its_
     spec = runs.make_run(dict(compare.DEFAULTS, out_dir=str(tmp_path)), 'gelu', 0)
     spec['code'] = 'before an edit'  # the code as the comparison started; the files hold other code now
     with pytest.raises(UserError, match="activations.py or model.py changed while this comparison ran"):
-        compare.train_all([runs.scan(spec)], [None], 0, False, progress.PlainProgress(1, 'runs'))
+        compare.train_all([runs.scan(spec)], [None], 0, False, progress.progress_bar(1, 'runs'))
 
 
 def test_a_run_trained_before_its_dataset_was_prepared_again_is_refused(shakespeare_char_dir, tmp_path, capsys):
