@@ -101,14 +101,14 @@ def setup(cfg):
         check({**shared, "ffn": v})
     if cfg["threads"] > 0:  # before compiling: Inductor's C++ kernels take their OpenMP thread count then
         torch.set_num_threads(cfg["threads"])
-    compute = device.setup(cfg["device"], cfg["dtype"], mps=False)  # train.py's set-up; auto never picks MPS
-    if compute.dtype == "float16":  # float16 trains with a loss scaler, which bench's step leaves out
+    dev, dtype = device.use(cfg["device"], cfg["dtype"], mps=False)  # train.py's device; auto never picks MPS
+    if dtype == "float16":  # float16 trains with a loss scaler, which bench's step leaves out
         raise UserError(f"bench.py measures float32 and bfloat16, not float16 (--dtype={cfg['dtype']} on "
-                        f"{compute.device}); pass --dtype=float32.")
+                        f"{dev}); pass --dtype=float32.")
     # every variant recompiles the same GPT.forward frame: past Dynamo's limit (8) it would silently run eager
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # torch < 2.7
     setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 4 * len(variants)))
-    return variants, modes, compute.device, compute.dtype
+    return variants, modes, dev, dtype
 
 
 class Bench:

@@ -54,8 +54,8 @@ def main(argv):
     checkpoint = load_checkpoint(cfg['out_dir'], "train one first (python train.py config/shakespeare_char.py) or "
                                                  "point --out_dir at a run's directory.")
     ckpt_path = os.path.join(cfg['out_dir'], CKPT)
-    hw = device.setup(cfg['device'], cfg['dtype'])  # the dtype is the chosen GPU's, not the current one's
-    where, device_type, dtype = hw.device, hw.device_type, hw.dtype
+    where, dtype = device.use(cfg['device'], cfg['dtype'])  # the dtype is the chosen GPU's, not the current one's
+    device_type = where.split(':')[0]
     threads = device.set_threads(cfg['threads'])
     torch.manual_seed(cfg['seed'])
 

@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from configurator import (DEFAULTS, TYPES, check, check_memory, model_args, model_config,
                           resumed_settings)
 from data.loader import open_loader
-from machinery import checkpoint as ckpt_io, device, speed, wandb_log
+from machinery import checkpoint as ckpt_io, device, distributed, speed, wandb_log
 from machinery.cli import UserError, parse_args, run_cli
 from machinery.files import ctrl_c_held, write_file
 from machinery.lock import lock_run_dir
@@ -104,7 +104,7 @@ def set_up(cfg, checkpoint):
     """Everything a run needs, in nanoGPT's order, as one namespace: the hardware, the data, the model and its optimizer
     (from the checkpoint when resuming), then the run directory, opened only once everything has been checked."""
     r = SimpleNamespace(cfg=cfg, out_dir=cfg['out_dir'], ckpt_path=os.path.join(cfg['out_dir'], ckpt_io.CKPT))
-    r.hw = hw = device.setup(cfg['device'], cfg['dtype'])
+    r.hw = hw = distributed.setup(cfg['device'], cfg['dtype'])
     r.threads = device.set_threads(cfg['threads'])  # before compiling: Inductor's C++ kernels take the count then
     r.env = {**device.environment(hw), 'code': code_hash()}  # named in the first log line this process writes
     r.master, r.autocast = hw.rank == 0, device.autocast(hw.device_type, hw.dtype)  # only the master writes
@@ -115,7 +115,7 @@ def set_up(cfg, checkpoint):
     for seed in (random.seed, np.random.seed, torch.manual_seed):  # each rank its own (dropout); DDP broadcasts
         seed(cfg['seed'] + hw.rank)  # rank 0's initial weights
     # the data: this rank's stream of batches, and the validation windows every run on the dataset is scored on
-    with device.rank_zero_first(hw):  # rank 0 prepares a bundled dataset not prepared yet, the others wait for it
+    with distributed.rank_zero_first(hw):  # rank 0 prepares a bundled dataset not prepared yet, the others wait for it
         r.loader = open_loader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'], cfg['data_dir'],
                                hw.rank, hw.world_size, prepare=r.master)
     r.val_hash = r.loader.val_hash(cfg['eval_iters'])  # logged: which windows every evaluation scores
@@ -381,7 +381,7 @@ def train(r):
         if r.lock is not None:
             r.lock.close()
         r.model = None  # under DDP its reducer must be freed before its process group is destroyed (teardown)
-        device.teardown(r.hw, failed)
+        distributed.teardown(r.hw, failed)
 
 
 def main(argv):

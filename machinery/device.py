@@ -1,15 +1,12 @@
 """
-Where a command computes, in one place: its device, precision and CPU threads, and under torchrun its process group
-(DDP) and TF32. How fast a run trains (torch.compile, the peak FLOP/s of MFU) is speed.py.
+Where a command computes, in one place: its device, precision, TF32 and CPU threads (use). A training process among
+torchrun's is distributed.py; how fast a run trains (torch.compile, the peak FLOP/s of MFU) is speed.py.
 """
-import gc
 import os
 import platform
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from contextlib import nullcontext
 
 import torch
-import torch.distributed as dist
 
 from machinery.cli import UserError
 
@@ -76,41 +73,15 @@ def resolve_dtype(name, device_type):
     return name
 
 
-@dataclass(frozen=True)
-class Compute:
-    """Where a process computes: its device (cpu, cuda:N, mps), its dtype's name, and its place among torchrun's
-    processes (ddp: launched by torchrun; rank 0 is the one that logs)."""
-    device: str
-    dtype: str
-    ddp: bool = False
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-
-    @property
-    def device_type(self):
-        return self.device.split(':')[0]
-
-
-def setup(device, dtype, mps=True):
-    """The process's one hardware set-up (as nanochat's compute_init): the device (resolve_device), under torchrun
-    (RANK set) the process group (nccl on GPUs, gloo otherwise) and this rank's GPU, TF32 matmuls for float32 work on
-    CUDA, the dtype. Returns its Compute."""
-    name, ddp = resolve_device(device, mps), int(os.environ.get('RANK', -1)) != -1  # launched by torchrun?
-    rank, local_rank, world_size = 0, 0, 1
-    if ddp:
-        rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
-        if device.startswith('cuda:'):
-            raise UserError(f"--device={device} under torchrun: each process takes the GPU of its LOCAL_RANK; pass "
-                            f"--device=cuda, and choose the GPUs with CUDA_VISIBLE_DEVICES.")
-        name = f'cuda:{local_rank}' if name.startswith('cuda') else name
-        # device_id binds the group to this rank's GPU at once (NCCL then need not guess it)
-        dist.init_process_group(backend='nccl' if name.startswith('cuda') else 'gloo',
-                                device_id=torch.device(name) if name.startswith('cuda') else None)
-    if name.startswith('cuda'):  # so RNG state, bf16 support and the peak-FLOPs lookup refer to this GPU
+def use(name, dtype, mps=True):
+    """The device a process computes on (resolve_device; mps=False: auto never picks MPS) and its dtype for it
+    (resolve_dtype). A GPU is made the current one first, so that RNG state, bf16 support and the peak-FLOPs lookup
+    refer to it, with TF32 matmuls for float32 work. Under torchrun, distributed.setup calls it for each rank's GPU."""
+    name = resolve_device(name, mps)
+    if name.startswith('cuda'):
         torch.cuda.set_device(torch.device(name))
         torch.set_float32_matmul_precision('high')  # TF32 matmuls for float32 work
-    return Compute(name, resolve_dtype(dtype, name.split(':')[0]), ddp, rank, local_rank, world_size)
+    return name, resolve_dtype(dtype, name.split(':')[0])
 
 
 def sum_dtype(device_type):
@@ -126,31 +97,6 @@ def environment(hw):
             'cudnn': torch.backends.cudnn.version() if cuda else None, 'threads': torch.get_num_threads(),
             'device': torch.cuda.get_device_name(hw.device) if cuda else f"{hw.device_type} "
                                                                           f"{platform.processor() or platform.machine()}"}
-
-
-@contextmanager
-def rank_zero_first(hw):
-    """Under DDP, rank 0 runs the block before the other ranks do (a preparation they all read)."""
-    if hw.ddp and hw.rank != 0:
-        dist.barrier()
-    yield
-    if hw.ddp and hw.rank == 0:
-        dist.barrier()
-
-
-def teardown(hw, failed):
-    """Under DDP, leave the process group. After a clean end every rank meets first (one that destroys the group while
-    another is still in a collective aborts the process); after a failure the other ranks may wait in a collective
-    this one never joins, so it leaves at once, and torchrun stops them."""
-    if not hw.ddp:
-        return
-    if not failed:
-        try:
-            dist.barrier()
-        except Exception:  # a peer already gone (it failed; torchrun stops this run anyway)
-            pass
-    gc.collect()  # DDP's reducer sits in reference cycles: freed after its group is gone, gloo can abort the exit
-    dist.destroy_process_group()
 
 
 def autocast(device_type, dtype):

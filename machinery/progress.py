@@ -32,5 +32,5 @@ def progress_bar(total, desc, initial=0, unit='it', disable=False):
     """A tqdm bar on stderr, redrawn at most twice a second on a terminal; elsewhere its text without the bar (ncols=0)
     as occasional plain lines (_Lines)."""
     tty = sys.stderr.isatty()
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable, file=sys.stderr if tty else _Lines(),
-                mininterval=0.5, dynamic_ncols=tty, ncols=None if tty else 0)
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable, mininterval=0.5,
+                file=sys.stderr if tty else _Lines(), dynamic_ncols=tty, ncols=None if tty else 0)

@@ -20,7 +20,7 @@ USER_CACHE_DIR = os.environ.get('TORCHINDUCTOR_CACHE_DIR')
 
 def peak_flops(device_type, dtype, override):
     """The peak FLOP/s MFU is measured against: --peak_flops, else the current GPU's dense peak by its name, in the
-    precision its matmuls run in (float32 runs them in TF32: device.setup), else None."""
+    precision its matmuls run in (float32 runs them in TF32: device.use), else None."""
     if override > 0:
         return override
     if device_type != 'cuda':

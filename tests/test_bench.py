@@ -89,9 +89,9 @@ def test_auto_device_never_picks_mps_which_bench_does_not_measure(monkeypatch):
         bench.setup(bench.parse_args(bench.DEFAULTS, TINY + ["--device=mps"])[0])
 
 
-def test_bench_sets_up_the_hardware_through_train_pys_device_setup(monkeypatch):
-    calls, setup = [], bench.device.setup
-    monkeypatch.setattr(bench.device, "setup", lambda *a, **kw: calls.append((a, kw)) or setup(*a, **kw))
+def test_bench_sets_up_the_hardware_through_train_pys_device_use(monkeypatch):
+    calls, use = [], bench.device.use
+    monkeypatch.setattr(bench.device, "use", lambda *a, **kw: calls.append((a, kw)) or use(*a, **kw))
     threads = torch.get_num_threads()
     try:
         got = bench.setup(bench.parse_args(bench.DEFAULTS, TINY + ["--dtype=float32"])[0])

@@ -22,9 +22,9 @@ import configurator  # noqa: E402
 from activations import VARIANTS, make_activations  # noqa: E402
 from comparison.runs import meta_model  # noqa: E402
 from data.write import write_shard  # noqa: E402
-from machinery import device, speed  # noqa: E402
+from machinery import device, distributed, speed  # noqa: E402
 from machinery.cli import UserError  # noqa: E402
-from machinery.device import Compute  # noqa: E402
+from machinery.distributed import Compute  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 TINY = ['--seed=1337', '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=4',
@@ -47,7 +47,7 @@ def keep_matmul_precision():
 def test_one_gpu_sets_up_on_its_first_device(fake_gpu, name):
     """torch.cuda.set_device takes an index or an indexed device, never 'cuda' alone: the set-up names the GPU."""
     devices_set = fake_gpu()
-    assert device.setup(name, 'auto') == Compute('cuda:0', 'bfloat16')
+    assert distributed.setup(name, 'auto') == Compute('cuda:0', 'bfloat16')
     assert devices_set == [0]
     assert torch.get_float32_matmul_precision() == 'high'  # TF32 for float32 matmuls
     assert speed.compile_default('cuda') and not speed.compile_default('cpu')
@@ -55,7 +55,7 @@ def test_one_gpu_sets_up_on_its_first_device(fake_gpu, name):
 
 def test_a_named_gpu_of_several_is_the_one_set_up(fake_gpu):
     devices_set = fake_gpu(n=4)
-    assert device.setup('cuda:3', 'float32') == Compute('cuda:3', 'float32')
+    assert distributed.setup('cuda:3', 'float32') == Compute('cuda:3', 'float32')
     assert devices_set == [3] and torch.cuda.current_device() == 3
     with pytest.raises(UserError, match='4 CUDA GPU'):
         device.resolve_device('cuda:4')
@@ -67,10 +67,10 @@ def test_under_torchrun_each_rank_takes_its_local_gpu_and_joins_nccl(fake_gpu, m
     monkeypatch.setattr(dist, 'init_process_group', lambda **kw: joined.append(kw))
     for key, value in dict(RANK=6, LOCAL_RANK=2, WORLD_SIZE=8).items():
         monkeypatch.setenv(key, str(value))
-    assert device.setup('cuda', 'auto') == Compute('cuda:2', 'bfloat16', ddp=True, rank=6, local_rank=2, world_size=8)
+    assert distributed.setup('cuda', 'auto') == Compute('cuda:2', 'bfloat16', ddp=True, rank=6, local_rank=2, world_size=8)
     assert joined == [dict(backend='nccl', device_id=torch.device('cuda:2'))] and devices_set == [2]
     with pytest.raises(UserError, match=r'--device=cuda:1 under torchrun: each process takes the GPU of its LOCAL_RANK'):
-        device.setup('cuda:1', 'auto')  # refused, not silently replaced by cuda:2
+        distributed.setup('cuda:1', 'auto')  # refused, not silently replaced by cuda:2
     assert len(joined) == 1
 
 
@@ -84,13 +84,13 @@ def test_dtype_auto_is_what_the_gpu_runs_natively(fake_gpu, name, capability, au
     as torch does on the real card: True on every one with emulation, so asking with it would pick bf16 on a T4."""
     fake_gpu(name=name, capability=capability)
     assert torch.cuda.is_bf16_supported()  # with emulation, as torch answers on any CUDA GPU
-    assert device.setup('cuda', 'auto').dtype == auto
-    assert device.setup('cuda', 'float16').dtype == 'float16'
+    assert distributed.setup('cuda', 'auto').dtype == auto
+    assert distributed.setup('cuda', 'float16').dtype == 'float16'
     if auto == 'float16':
         with pytest.raises(UserError, match=r'only emulates bfloat16, slowly; use --dtype=float16'):
-            device.setup('cuda', 'bfloat16')
+            distributed.setup('cuda', 'bfloat16')
     else:
-        assert device.setup('cuda', 'bfloat16').dtype == 'bfloat16'
+        assert distributed.setup('cuda', 'bfloat16').dtype == 'bfloat16'
 
 
 @pytest.mark.parametrize('name', ['cuda:²', 'cuda:０', 'cuda:١', 'cuda:', 'cuda:-1', 'cuda:0x1'])
@@ -113,13 +113,13 @@ def test_sample_takes_the_dtype_of_the_gpu_it_names_and_its_threads(fake_gpu, mo
     fake_gpu(n=2, capability=[(9, 0), (7, 5)])
     set_up = []
     monkeypatch.setattr(sample, 'load_checkpoint', lambda *a: {'meta': {}})
-    monkeypatch.setattr(sample.device, 'setup', lambda *a, real=device.setup: set_up.append(real(*a)) or set_up[-1])
+    monkeypatch.setattr(sample.device, 'use', lambda *a, real=device.use: set_up.append(real(*a)) or set_up[-1])
     monkeypatch.setattr(sample, 'checkpoint_model', lambda *a: 1 / 0)  # stop before a tensor goes to the fake GPU
     threads = torch.get_num_threads()
     try:
         with pytest.raises(ZeroDivisionError):
             sample.main(['--device=cuda:1', '--threads=1'])
-        assert set_up == [Compute('cuda:1', 'float16')] and torch.get_num_threads() == 1
+        assert set_up == [('cuda:1', 'float16')] and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
 
@@ -156,7 +156,7 @@ def test_cpu_threads_are_half_the_cores_unless_told(monkeypatch):
 ])
 def test_peak_flops_are_the_gpu_models_own_in_the_runs_precision(fake_gpu, name, bf16, tf32):
     fake_gpu(name=name)
-    device.setup('cuda', 'float32')
+    distributed.setup('cuda', 'float32')
     assert speed.peak_flops('cuda', 'bfloat16', 0) == bf16
     assert speed.peak_flops('cuda', 'float16', 0) == bf16
     assert speed.peak_flops('cuda', 'float32', 0) == tf32  # float32 matmuls run in TF32
@@ -167,7 +167,7 @@ def test_peak_flops_are_the_gpu_models_own_in_the_runs_precision(fake_gpu, name,
 def test_a_mig_slice_has_no_mfu_rather_than_the_whole_gpus(fake_gpu):
     """A MIG slice has a fraction of the GPU's SMs: against the whole H100's peak its MFU would read up to 7x low."""
     fake_gpu(name='NVIDIA H100 80GB HBM3 MIG 1g.10gb', total_gib=10)
-    device.setup('cuda', 'auto')
+    distributed.setup('cuda', 'auto')
     assert speed.peak_flops('cuda', 'bfloat16', 0) is None
     assert speed.peak_flops('cuda', 'bfloat16', 120e12) == 120e12  # --peak_flops, the user's figure for the slice
 
@@ -176,7 +176,7 @@ def test_the_run_records_what_it_ran_on(fake_gpu, monkeypatch):
     fake_gpu(name='NVIDIA L4', capability=(8, 9))
     monkeypatch.setattr(torch.version, 'cuda', '12.8')
     monkeypatch.setattr(torch.backends.cudnn, 'version', lambda: 91002)
-    env = device.environment(device.setup('cuda', 'auto'))
+    env = device.environment(distributed.setup('cuda', 'auto'))
     assert env['device'] == 'NVIDIA L4' and env['cuda'] == '12.8' and env['cudnn'] == 91002
     assert env['torch'] == torch.__version__ and env['torch_commit'] == torch.version.git_version[:12]
     assert device.environment(Compute('cpu', 'float32'))['cudnn'] is None
@@ -332,7 +332,7 @@ def test_ddp_teardown_waits_for_the_other_ranks_only_after_a_clean_end(monkeypat
     calls = []
     monkeypatch.setattr(dist, 'barrier', lambda: calls.append('barrier'))
     monkeypatch.setattr(dist, 'destroy_process_group', lambda: calls.append('destroy'))
-    device.teardown(Compute('cuda:0', 'bfloat16', ddp=True, world_size=2), failed)
+    distributed.teardown(Compute('cuda:0', 'bfloat16', ddp=True, world_size=2), failed)
     assert calls == (['destroy'] if failed else ['barrier', 'destroy'])
 
 

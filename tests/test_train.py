@@ -17,7 +17,7 @@ sys.path.insert(0, ROOT)
 
 import configurator  # noqa: E402
 import train as train_py  # noqa: E402
-from machinery import cli, device, run_log  # noqa: E402
+from machinery import cli, distributed, run_log  # noqa: E402
 from machinery.cli import UserError, parse_args  # noqa: E402
 from nan_train import nan_step  # noqa: E402
 
@@ -393,22 +393,23 @@ def test_device_names_are_checked(fake_gpu):
         resolve_device('cuda:2')
 
 
-def test_train_and_bench_set_up_the_hardware_only_through_device_setup(shakespeare_char_dir, tmp_path, monkeypatch):
-    """device.setup is the one hardware set-up: train.py calls it, and neither train.py nor bench.py (whose call
-    tests/test_bench.py checks) resolves a device or dtype, joins a process group or sets TF32 itself."""
-    calls, setup = [], device.setup
-    monkeypatch.setattr(device, 'setup', lambda *a: calls.append(a) or setup(*a))
+def test_train_and_bench_set_up_the_hardware_only_through_device_use(shakespeare_char_dir, tmp_path, monkeypatch):
+    """distributed.setup is train.py's one hardware set-up, and device.use the one place a device and dtype are chosen:
+    neither train.py, sample.py nor bench.py (whose call tests/test_bench.py checks) resolves a device or dtype, joins
+    a process group or sets TF32 itself."""
+    calls, setup = [], distributed.setup
+    monkeypatch.setattr(distributed, 'setup', lambda *a: calls.append(a) or setup(*a))
     train_here(shakespeare_char_dir, str(tmp_path / 'run'), '--max_iters=0')
     assert calls == [('cpu', 'float32')]
-    for script in ('train.py', 'bench.py'):
+    for script in ('train.py', 'sample.py', 'bench.py'):
         source = open(os.path.join(ROOT, script)).read()
         for own in ('resolve_device', 'resolve_dtype', 'init_process_group', 'set_float32_matmul', 'set_device'):
             assert own not in source, (script, own)
 
 
 def as_torchrun_process(monkeypatch):
-    """This process as torchrun's only worker (rank 0 of 1, a free port for the group's rendezvous): device.setup then
-    joins a gloo process group."""
+    """This process as torchrun's only worker (rank 0 of 1, a free port for the group's rendezvous): distributed.setup
+    then joins a gloo process group."""
     import socket
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
@@ -417,11 +418,11 @@ def as_torchrun_process(monkeypatch):
         monkeypatch.setenv(key, str(value))
 
 
-def test_device_setup_joins_torchrun_s_process_group(monkeypatch):
-    """Alone, a process computes on its device; under torchrun (RANK, LOCAL_RANK, WORLD_SIZE set) device.setup also
-    joins the process group, gloo on a CPU."""
+def test_distributed_setup_joins_torchrun_s_process_group(monkeypatch):
+    """Alone, a process computes on its device; under torchrun (RANK, LOCAL_RANK, WORLD_SIZE set) distributed.setup
+    also joins the process group, gloo on a CPU."""
     import torch.distributed as dist
-    from machinery.device import Compute, setup
+    from machinery.distributed import Compute, setup
     assert setup('cpu', 'auto') == Compute('cpu', 'float32', ddp=False, rank=0, local_rank=0, world_size=1)
     as_torchrun_process(monkeypatch)
     try:
@@ -511,9 +512,9 @@ def test_ddp_is_freed_before_its_process_group_is_destroyed(shakespeare_char_dir
     run. train.py frees it first."""
     import weakref
     as_torchrun_process(monkeypatch)
-    wrapped, alive_at_destroy, DDP, destroy = [], [], train_py.DDP, device.dist.destroy_process_group
+    wrapped, alive_at_destroy, DDP, destroy = [], [], train_py.DDP, distributed.dist.destroy_process_group
     monkeypatch.setattr(train_py, 'DDP', lambda model, **kw: (m := DDP(model, **kw), wrapped.append(weakref.ref(m)))[0])
-    monkeypatch.setattr(device.dist, 'destroy_process_group',
+    monkeypatch.setattr(distributed.dist, 'destroy_process_group',
                         lambda: (alive_at_destroy.append(wrapped[0]() is not None), destroy())[1])
     train_here(shakespeare_char_dir, str(tmp_path / 'run'), '--max_iters=1', '--eval_interval=1')
     assert alive_at_destroy == [False]
