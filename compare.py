@@ -490,9 +490,14 @@ def train_missing(cfg, comp, runs):
                        file=sys.stderr)
     curves = Curves(cfg, comp, [r for r in runs if r.state in FINISHED], pbar,
                     one_rate=len({r.lr for r in runs if r.variant == runs[0].variant}) > 1)
-    trained = {r.dir: r for r in train_all(todo, placement.slots(jobs, gpus, cfg['nproc_per_run']), threads,
-                                           cfg['overwrite'], pbar, curves.draw)}
-    pbar.close()
+    try:
+        trained = {r.dir: r for r in train_all(todo, placement.slots(jobs, gpus, cfg['nproc_per_run']), threads,
+                                               cfg['overwrite'], pbar, curves.draw)}
+    except BaseException:
+        pbar.leave = False  # the command's one sentence is the last thing on stderr
+        raise
+    finally:
+        pbar.close()
     return [trained.get(r.dir, r) for r in runs]
 
 

@@ -216,6 +216,8 @@ def run_cli(main, argv=None):
     closed stdout pipe quietly 141. Within main, Ctrl-C is Python's KeyboardInterrupt (a run saves nothing
     half-written, then stops)."""
     quiet = signal.getsignal(signal.SIGINT) is _interrupted
+    if hasattr(sys.stdout, 'reconfigure'):  # a result reaches a log file as it is printed, in order with stderr's lines
+        sys.stdout.reconfigure(line_buffering=True)
     try:
         if quiet:
             signal.signal(signal.SIGINT, signal.default_int_handler)

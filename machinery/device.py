@@ -1,6 +1,7 @@
 """
-Where a command computes, in one place: its device, precision, TF32 and CPU threads (use). A training process among
-torchrun's is distributed.py; how fast a run trains (torch.compile, the peak FLOP/s of MFU) is speed.py.
+Where a command computes, in one place: its device, precision and TF32 (use), and its CPU threads (set_threads). A
+training process among torchrun's is distributed.py; how fast a run trains (torch.compile, MFU's peak FLOP/s) is
+speed.py.
 """
 import os
 import platform
@@ -76,7 +77,8 @@ def resolve_dtype(name, device_type):
 def use(name, dtype, mps=True):
     """The device a process computes on (resolve_device; mps=False: auto never picks MPS) and its dtype for it
     (resolve_dtype). A GPU is made the current one first, so that RNG state, bf16 support and the peak-FLOPs lookup
-    refer to it, with TF32 matmuls for float32 work. Under torchrun, distributed.setup calls it for each rank's GPU."""
+    refer to it, with TF32 matmuls for float32 work. train.py's distributed.setup calls it (under torchrun, with each
+    rank's own GPU)."""
     name = resolve_device(name, mps)
     if name.startswith('cuda'):
         torch.cuda.set_device(torch.device(name))

@@ -36,10 +36,11 @@ def setup(name, dtype):
     if int(os.environ.get('RANK', -1)) == -1:  # not launched by torchrun
         return Compute(*device.use(name, dtype))
     rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
+    resolved = device.resolve_device(name)  # a name this machine has no device of is refused first
     if name.startswith('cuda:'):
         raise UserError(f"--device={name} under torchrun: each process takes the GPU of its LOCAL_RANK; pass "
                         f"--device=cuda, and choose the GPUs with CUDA_VISIBLE_DEVICES.")
-    if device.resolve_device(name).startswith('cuda'):
+    if resolved.startswith('cuda'):
         name = f'cuda:{local_rank}'
     name, dtype = device.use(name, dtype)
     # device_id binds the group to this rank's GPU at once (NCCL then need not guess it)

@@ -12,15 +12,17 @@ PLAIN_EVERY = 30.0  # seconds between plain progress lines when stderr is a log 
 
 class _Lines:
     """stderr for a bar where it is not a terminal (a Slurm output file, a compare run's train.out, a pipe): a
-    redrawn bar would fill the log with carriage returns, so the bar's newest text ('\\r' + text) is printed as a plain
-    line every PLAIN_EVERY seconds, and once more as the bar closes ('\\n')."""
+    redrawn bar would fill the log with carriage returns, so a redraw ('\r' + text) only keeps the bar's newest text,
+    printed as a plain line once PLAIN_EVERY seconds have passed since the last one, and as the bar closes ('\n').
+    A bar closed with leave=False (a command that stops) prints nothing more."""
 
     def __init__(self):
         self.text, self.shown = None, time.time()
 
     def write(self, text):
-        self.text = text.strip() or self.text  # tqdm clears a bar by writing blanks: the newest text stays
-        if self.text and (text == '\n' or time.time() - self.shown >= PLAIN_EVERY):
+        if text.strip():  # a redraw; tqdm's blank ones clear a bar
+            self.text = text.strip()
+        if self.text and (text == '\n' or text.strip() and time.time() - self.shown >= PLAIN_EVERY):
             print(self.text, file=sys.stderr, flush=True)
             self.text, self.shown = None, time.time()
 

@@ -66,7 +66,7 @@ for run in "config/owt.py 50 124M" "config/owt_quick.py 120 30M"; do
 done
 
 # bench measures what dtype=auto gives the GPU, but float32 where that is float16 (below compute capability 8.0)
-dtype=$(python -c "from machinery.device import setup; d = setup('cuda', 'auto').dtype
+dtype=$(python -c "from machinery.device import use; d = use('cuda', 'auto')[1]
 print('float32' if d == 'float16' else d)")
 shape="--device=cuda --dtype=$dtype --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 --vocab_size=50257
        --batch_size=16 --compile=True --warmup=2 --repeats=10 --json= --variants=gelu"

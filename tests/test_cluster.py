@@ -320,6 +320,7 @@ def test_plain_progress_lines_are_occasional(monkeypatch, capsys):
         now = 10.0 * (i + 1)  # 10 s per step: a line once PLAIN_EVERY = 30 s have passed since the last one
         bar.update()
         bar.set_postfix(loss=f'{10 - i}')  # as train.py: a redraw, a line only every 30 s
+    now += 40.0  # the last evaluation and checkpoint, before the bar closes: one closing line all the same
     bar.close()
     out, err = capsys.readouterr()
     lines = err.splitlines()
@@ -329,6 +330,7 @@ def test_plain_progress_lines_are_occasional(monkeypatch, capsys):
     assert lines[-1].endswith('loss=1]')
     stopped = progress.progress_bar(10, 'train')
     stopped.update()
+    now += 40.0  # a long evaluation that fails
     stopped.leave = False  # what train.py sets when the run stops: its one-sentence error is all stderr says after
     stopped.close()
     assert capsys.readouterr().err == ''

@@ -143,3 +143,16 @@ def test_a_claims_verdict_follows_its_prediction():
     assert claim_verdict('≈ 0', summary, '`a` − `e`')[2] == 'yes' and claim_verdict('≈ 0', summary, '`a` − `b`')[2] == 'no'
     assert claim_verdict('≥ 1.5', summary, 'best rate `a` / `b`') == ('2x', '', 'yes')
     assert claim_verdict('≥ 1.5', summary, 'best rate `b` / `a`')[2] == 'no'
+
+
+def test_the_gpu_checks_python_imports_only_what_the_project_has():
+    """tests/gpu_check.sh runs only where a GPU is lent: a name it imports from the project that has since moved would
+    cost that run a part, found only there."""
+    import importlib
+    text = (ROOT / 'tests' / 'gpu_check.sh').read_text()
+    imports = re.findall(r'from ((?:data|machinery)\.\w+|[a-z_]+) import ([\w, ]+)', text)
+    own = [(m, names) for m, names in imports if (ROOT / (m.replace('.', '/') + '.py')).exists()]
+    assert {m for m, _ in own} >= {'data.write', 'machinery.device', 'machinery.cli'}
+    for module, names in own:
+        for name in names.split(','):
+            assert hasattr(importlib.import_module(module), name.strip()), f"gpu_check.sh: {module} has no {name}"

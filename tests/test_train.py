@@ -368,6 +368,17 @@ def test_a_closed_stdout_pipe_ends_quietly():
     assert p.wait(timeout=60) == 141 and p.stderr.read() == b''
 
 
+def test_results_reach_a_log_file_as_they_are_printed():
+    """`python train.py > log 2>&1` (a Slurm output file): each line on stdout is written as it is printed, in order
+    with the progress on stderr, not when stdout's buffer fills at the end."""
+    code = ('import sys; from machinery.cli import run_cli; '
+            'run_cli(lambda argv: (print("iter 10: val loss 2.0"), print("train: 100%", file=sys.stderr)))')
+    e = {k: v for k, v in env().items() if k != 'PYTHONUNBUFFERED'}
+    p = subprocess.run([sys.executable, '-c', code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, env=e, timeout=60)
+    assert p.stdout.splitlines() == ['iter 10: val loss 2.0', 'train: 100%']
+
+
 def test_activation_settings_are_checked_before_anything_runs():
     """configurator.check builds the activation, so its own checks are one-sentence errors before any training
     (compare.py calls it for every variant before its first run)."""
@@ -431,6 +442,14 @@ def test_distributed_setup_joins_torchrun_s_process_group(monkeypatch):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_under_torchrun_a_device_name_is_checked_before_it_is_refused_as_a_ranks(monkeypatch):
+    """--device=cuda:x is no device at all: saying so beats advice to pass --device=cuda (which may be none either)."""
+    from machinery.distributed import setup
+    as_torchrun_process(monkeypatch)
+    with pytest.raises(UserError, match=r"--device expects auto, cpu, cuda, cuda:N or mps, got 'cuda:x'\."):
+        setup('cuda:x', 'auto')
 
 
 def test_the_compile_cache_is_the_documented_one_after_inductor_has_loaded(tmp_path):
