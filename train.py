@@ -328,7 +328,8 @@ def write_checkpoint(ckpt, path):
 def train(r):
     """The loop: optimizer steps, a log line every log_interval, an evaluation and a checkpoint every eval_interval."""
     cfg = r.cfg
-    pbar = progress_bar(cfg['max_iters'], 'train', initial=r.iter_num, disable=not r.master)
+    pbar = progress_bar(cfg['max_iters'], 'train', initial=r.iter_num,  # no bar where no step is left to take
+                        disable=not r.master or r.iter_num >= cfg['max_iters'])
     compiling = speed.compile_seconds if r.compiled else (lambda: 0.0)
     failed = True
     try:

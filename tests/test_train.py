@@ -479,8 +479,10 @@ def test_a_float16_run_logs_records_that_read_back(shakespeare_char_dir, tmp_pat
 def test_max_iters_0_names_no_checkpoint(shakespeare_char_dir, tmp_path, capsys):
     """A run of 0 iterations evaluates the untrained model and writes no checkpoint, so its last line names none."""
     train_here(shakespeare_char_dir, str(tmp_path / 'run'), '--max_iters=0')
-    done = capsys.readouterr().out.splitlines()[-1]
+    out, err = capsys.readouterr()
+    done = out.splitlines()[-1]
     assert done.startswith('done: 0 iterations') and 'no checkpoint' in done
+    assert 'train:' not in err  # no progress bar for no step (tqdm would draw '0it')
     assert not os.path.exists(tmp_path / 'run' / 'ckpt.pt')
 
 
