@@ -31,9 +31,10 @@ from machinery.cli import RunStopped, UserError, parse_args, raise_terminated, r
 from machinery.device import resolve_device, resolve_dtype
 from machinery.speed import compile_cache_dir
 from machinery.files import check_writable, ctrl_c_held, remove_dead_temps, write_json
+from machinery.fingerprint import IDEAS, code_hash
 from machinery.lock import HELD, LOCK, LOCK_FD_ENV, try_lock_run_dir
 from machinery.progress import progress_bar
-from machinery.run_log import IDEAS, LOG, clear_diverged, code_hash, codes_of, parse_record
+from machinery.run_log import LOG, clear_diverged, codes_of, parse_record
 from comparison.ladder import scale_counts
 from comparison.runs import (FINISHED, INTENT, TRAIN_OUT, at_rate, check_variants, command_line, make_run, meta_model,
                              scan, tuning_key, variant_rates, variant_settings)

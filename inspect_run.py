@@ -20,7 +20,8 @@ from comparison.acts import inspect, short_label, write
 from machinery.cli import parse_args, run_cli
 from machinery.device import resolve_device
 from machinery.files import check_writable
-from machinery.run_log import IDEAS, LOG, code_hash, codes_of, read_log_lines
+from machinery.fingerprint import IDEAS, code_hash
+from machinery.run_log import LOG, codes_of, read_log_lines
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory: ckpt.pt, log.jsonl; acts.png and acts.json are written there

@@ -22,7 +22,8 @@ from data.loader import open_loader
 from machinery.checkpoint import CKPT, load_checkpoint
 from machinery.cli import UserError, parse_args, reading, split_list
 from machinery.files import remove_dead_temps
-from machinery.run_log import DIVERGED, IDEAS, LOG, code_hash, codes_of, read_log_lines
+from machinery.fingerprint import IDEAS, code_hash
+from machinery.run_log import DIVERGED, LOG, codes_of, read_log_lines
 from model import GPT
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')  # the repo's
@@ -138,7 +139,7 @@ def make_run(cfg, variant, seed, lr=None):
                         wandb_run_name=f"{cfg['wandb_run_name']}-{wandb_name}" if cfg['wandb_run_name'] else wandb_name,
                         wandb_tags=','.join(split_list(cfg['wandb_tags']) + [variant, f'seed{seed}']))
     name = f"{variant} seed {seed}" + (f" lr {lr:.3g}" if lr is not None else '')  # as progress lines show it
-    # the code it is to train with (run_log.code_hash); a report reads what the runs measured, whatever their code
+    # the code it is to train with (fingerprint.code_hash); a report reads what the runs measured, whatever their code
     code = None if cfg['report'] else code_hash()
     return dict(variant=variant, seed=seed, lr=lr, name=name, dir=settings['out_dir'], processes=cfg['nproc_per_run'],
                 settings=settings, code=code)
@@ -159,7 +160,7 @@ class Run:
     intent: dict  # compare.json, {} if none
     found: dict | None  # the identity the directory holds, None if it holds none
     other_data: bool = False  # trained on its dataset before it was prepared again (data_now)
-    other_code: bool = False  # a try of it trained with other code than the spec's (run_log.code_hash)
+    other_code: bool = False  # a try of it trained with other code than the spec's (fingerprint.code_hash)
 
     variant = property(lambda self: self.spec['variant'])
     seed = property(lambda self: self.spec['seed'])

@@ -14,6 +14,7 @@ import os
 import torch
 
 from machinery.cli import UserError, reading
+from machinery.fingerprint import IDEAS, code_hash
 
 CKPT = 'ckpt.pt'
 HINT = 'train the run again, or point --out_dir at the right run directory'
@@ -42,8 +43,13 @@ def checkpoint_model(ckpt, path, build):
     """The model a checkpoint holds: build(model_args) makes it (the caller's GPT), then load_state_dict(strict=True)
     checks that the weights fit. It is built on the meta device first, taking no memory, so that model_args describing
     a model larger than its weights are refused before that memory is taken. A checkpoint only ever holds finite
-    weights."""
-    with loading(path):
+    weights. Where it was trained with other code than the GPT's now (an edited activation), a failure says so."""
+    if ckpt.get('code') in (None, code_hash()):
+        where = loading(path)
+    else:  # the likely cause of a failure
+        where = reading(path, 'restore the code it was trained with, or train the run again',
+                        f"it was trained with other code of {' or '.join(IDEAS)} than they hold now")
+    with where:
         weights = ckpt['model']
         with torch.device('meta'):
             size = sum(p.numel() for p in build(ckpt['model_args']).parameters())

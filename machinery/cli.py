@@ -110,17 +110,17 @@ def read_text(path, what, example):
 
 
 @contextmanager
-def reading(path, hint):
+def reading(path, hint, cause='it is damaged or not written by nanoFFN'):
     """Where a file nanoFFN wrote itself is used: it is trusted, and any failure to use it (its owners' own checks as
-    they load it, or an exception deeper in) becomes one sentence naming the file, and hint, what to do. A UserError
-    there is a sentence already (e.g. a resume on another number of processes)."""
+    they load it, or an exception deeper in) becomes one sentence naming the file, its likely cause, and hint, what to
+    do. A UserError there is a sentence already (e.g. a resume on another number of processes)."""
     try:
         yield
     except UserError:
         raise
     except Exception as e:
-        why = ' '.join(f"{type(e).__name__}: {e}".split()).rstrip('.')
-        raise UserError(f"cannot use {path} ({why[:200]}), so it is damaged or not written by nanoFFN; {hint}.") from None
+        why = textwrap.shorten(f"{type(e).__name__}: {e}", 200, placeholder=' ...').rstrip('.')
+        raise UserError(f"cannot use {path} ({why}), so {cause}; {hint}.") from None
 
 
 def _run_config_file(path, config, defaults, types, given):

@@ -6,15 +6,10 @@ readable while the run goes on. Its one reader, read_log_lines, trusts what trai
 missing field as missing. Beside it, diverged.txt: why a run diverged: its outcome at its settings. open_for_try makes a
 run's directory ready for a new try.
 """
-import ast
-import functools
-import hashlib
-import io
 import json
 import math
 import os
 import sys
-import tokenize
 from contextlib import suppress
 
 import torch
@@ -26,33 +21,8 @@ from machinery.files import append_lines, remove_dead_temps, write_text
 LOG = 'log.jsonl'
 DIVERGED = 'diverged.txt'  # why the run diverged (train.py), its outcome at these settings; a new try removes it
 DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
-IDEAS = ('activations.py', 'model.py')  # the code a learner edits to try an idea: each run logs which it trained with
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
-
-
-@functools.lru_cache(maxsize=None)
-def code_hash(root=ROOT):
-    """12 hex digits of a SHA-256 of the code of activations.py and model.py as they are now, their comments,
-    docstrings and whitespace aside (what a reader sees, not what runs): train.py logs it, and a comparison refuses to
-    reuse a run whose log names other code. Taken from the source's lines, not from a syntax tree's dump, which differs
-    between Python versions."""
-    digest = hashlib.sha256()
-    for name in IDEAS:
-        with open(os.path.join(root, name), 'rb') as f:
-            source = f.read()
-        lines = source.decode(tokenize.detect_encoding(io.BytesIO(source).readline)[0]).splitlines()  # a BOM, a cookie
-        for t in tokenize.tokenize(io.BytesIO(source).readline):  # a comment runs to the end of its line
-            if t.type == tokenize.COMMENT and lines[t.start[0] - 1].endswith(t.string):
-                lines[t.start[0] - 1] = lines[t.start[0] - 1][:-len(t.string)]
-        docs = {n for node in ast.walk(ast.parse(source)) if isinstance(body := getattr(node, 'body', None), list)
-                and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str) for n in range(body[0].lineno, body[0].end_lineno + 1)}
-        digest.update(''.join(''.join(l for i, l in enumerate(lines, 1) if i not in docs).split()).encode())
-    return digest.hexdigest()[:12]
-
-
 def codes_of(records):
-    """The codes (code_hash) a run's tries trained with, as each try's first log line names it (None: not named)."""
+    """The codes (fingerprint.code_hash) a run's tries trained with, as each try's first log line names it (None: not named)."""
     return {r['env'].get('code') for r in records if isinstance(r.get('env'), dict)}
 
 

@@ -25,7 +25,7 @@ sys.path.insert(0, REPO)
 
 from test_hostile import call
 import compare
-from machinery import files, progress, run_log
+from machinery import files, fingerprint, progress, run_log
 from comparison import report, runs
 from machinery.cli import RunStopped, UserError, run_cli
 from comparison.runs import tuning_key
@@ -317,7 +317,7 @@ def test_a_planned_run_that_diverged_before_its_first_checkpoint_keeps_its_setti
     (run,) = grid_specs(compare.settings(argv + ['--learning_rate=1e-3']))
     assert scan_state(run) == 'scratch'  # planned, never started: the new settings simply replace the plan
     run_log.append_log(os.path.join(run['dir'], 'log.jsonl'), {'iter': 0, 'tokens': 0, 'val_loss': 4.2,
-                                                                'env': {'code': run_log.code_hash()}})
+                                                                'env': {'code': fingerprint.code_hash()}})
     with open(os.path.join(run['dir'], 'diverged.txt'), 'w') as f:
         f.write('the training loss became non-finite\n')
     assert scan_state(grid_specs(compare.settings(argv))[0]) == 'diverged'
@@ -329,10 +329,10 @@ def test_a_planned_run_that_diverged_before_its_first_checkpoint_keeps_its_setti
 
 
 def test_the_code_a_run_logs_is_that_of_activations_and_model_comments_and_docstrings_aside(tmp_path):
-    for name in run_log.IDEAS:
+    for name in fingerprint.IDEAS:
         shutil.copy(os.path.join(REPO, name), tmp_path / name)
-    now = lambda: (run_log.code_hash.cache_clear(), run_log.code_hash(str(tmp_path)))[1]
-    assert now() == run_log.code_hash()
+    now = lambda: (fingerprint.code_hash.cache_clear(), fingerprint.code_hash(str(tmp_path)))[1]
+    assert now() == fingerprint.code_hash()
     act = tmp_path / 'activations.py'
     text = act.read_text()
     assert text.count('"""a_0 + Σ') == text.count('    hf, a =') == text.count('a[p] * inv_rms * base**p') == 1
@@ -340,11 +340,11 @@ def test_the_code_a_run_logs_is_that_of_activations_and_model_comments_and_docst
     noted = text.replace('"""a_0 + Σ', '"""(edited) a_0 + Σ').replace('    hf, a =', '    # why\n    hf, a =').replace(
         'inv_rms * base**p', 'inv_rms * base ** p').replace('.mean(-1, keepdim=True) + eps)', '.mean(-1,\n            keepdim=True)+eps)')
     act.write_text('# a note\n' + noted)
-    assert now() == run_log.code_hash()  # only what a reader sees changed: comments, docstrings, spacing
+    assert now() == fingerprint.code_hash()  # only what a reader sees changed: comments, docstrings, spacing
     act.write_bytes(b'\xef\xbb\xbf' + text.encode())  # a BOM, as some editors save: Python reads the same code
-    assert now() == run_log.code_hash()
+    assert now() == fingerprint.code_hash()
     act.write_text(text.replace('a[p] * inv_rms * base**p', 'a[p] * inv_rms * 3 * base**p'))
-    assert now() != run_log.code_hash()  # a learner's edit of a formula
+    assert now() != fingerprint.code_hash()  # a learner's edit of a formula
 
 
 def test_a_run_trained_with_other_code_is_trained_again_never_reused_but_reported(shakespeare_char_dir, tmp_path,
@@ -362,7 +362,7 @@ def test_a_run_trained_with_other_code_is_trained_again_never_reused_but_reporte
         f.write("the untrained model's validation loss is nan\n")
     # the line train.py writes for a run whose untrained model is already non-finite (tests/test_train.py)
     start = {'iter': 0, 'tokens': 0, 'lr': 1e-4, 'batch_hash': '0' * 64}
-    for code, state in ((run_log.code_hash(), 'diverged'), ('before an edit', 'mismatch'), (None, 'mismatch')):
+    for code, state in ((fingerprint.code_hash(), 'diverged'), ('before an edit', 'mismatch'), (None, 'mismatch')):
         files.write_text(log, json.dumps({**start, 'env': {'code': code} if code else {}}) + '\n')
         assert scan_state(spec) == state, code  # this code's outcome is reused; another's, or an unknown's, is not
     assert runs.scan(spec).describe_mismatch() == (
@@ -399,7 +399,7 @@ def test_a_run_trained_before_its_dataset_was_prepared_again_is_refused(shakespe
     os.makedirs(spec['dir'])
     files.write_json(os.path.join(spec['dir'], runs.INTENT), {'settings': spec['settings'], 'processes': 1})
     log, (meta, val_hash) = os.path.join(spec['dir'], 'log.jsonl'), runs.data_now(spec['settings'])
-    env = {'code': run_log.code_hash()}  # as a try's first line names the code it trains with
+    env = {'code': fingerprint.code_hash()}  # as a try's first line names the code it trains with
     run_log.append_log(log, {'iter': 0, 'tokens': 0, 'val_loss': 4.2, 'val_hash': val_hash, 'env': env})
     assert scan_state(spec) == 'scratch'  # this dataset's windows: a try to continue
     run_log.append_log(log, {'iter': 2, 'tokens': 256, 'val_loss': 4.0, 'val_hash': 'f' * 64})

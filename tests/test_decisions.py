@@ -565,7 +565,7 @@ def resumed(world_size, rank, saved_world, n_states, monkeypatch, capsys, device
                               master=rank == 0, ckpt_path='run/ckpt.pt')
     train.restore(ckpt, r)
     assert (r.iter_num, r.tokens, r.saved_iter) == (4, 64, 4)
-    return r.loader.loaded, rngs, capsys.readouterr().out
+    return r.loader.loaded, rngs, capsys.readouterr().err  # a note is on stderr
 
 
 @pytest.mark.parametrize('device_type', ['cpu', 'cuda'])

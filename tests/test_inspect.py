@@ -149,8 +149,8 @@ def untrained_run(run_dir, data_dir, **model_args):
 
 def test_a_run_of_other_code_is_drawn_with_a_note_that_says_so(shakespeare_char_dir, tmp_path, capsys):
     """φ is drawn by the code as it is now: a run whose log names other code of activations.py or model.py says so."""
-    from machinery import run_log
-    for name, code in (('now', run_log.code_hash()), ('before', 'an older one')):
+    from machinery import fingerprint, run_log
+    for name, code in (('now', fingerprint.code_hash()), ('before', 'an older one')):
         run = untrained_run(str(tmp_path / name), shakespeare_char_dir, ffn='polynorm')
         run_log.append_log(os.path.join(run, 'log.jsonl'), {'iter': 0, 'tokens': 0, 'env': {'code': code}})
         run_cli(inspect_run.main, [f'--out_dir={run}'])

@@ -57,3 +57,17 @@ def test_sample_from_a_compiled_checkpoint(shakespeare_char_dir, tmp_path, capsy
 def test_sample_rejects_characters_outside_the_vocabulary(tiny_run, capsys):
     code, err = in_process(sample.main, [f'--out_dir={tiny_run}', '--device=cpu', '--start=\u00e9t\u00e9'], capsys)
     assert code == 2 and 'vocabulary' in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize('code, cause', [('before an edit', 'it was trained with other code of activations.py or '
+                                                             'model.py than they hold now; restore the code it was'),
+                                         (None, 'it is damaged or not written by nanoFFN')])
+def test_a_checkpoint_of_other_code_that_no_longer_loads_says_so(tiny_run, tmp_path, capsys, code, cause):
+    """A learner who gave an activation a parameter after training: the old checkpoint no longer fits the GPT, and
+    its code, not damage, is the likely cause (a checkpoint naming no code, or this code, is blamed as before)."""
+    ckpt = torch.load(os.path.join(tiny_run, 'ckpt.pt'), weights_only=True)
+    ckpt['model'] = {k: v for k, v in ckpt['model'].items() if not k.endswith('ln_f.weight')}  # as a parameter added
+    ckpt['code'] = code
+    torch.save(ckpt, tmp_path / 'ckpt.pt')
+    status, err = in_process(sample.main, [f'--out_dir={tmp_path}', '--device=cpu'], capsys)
+    assert status == 2 and 'Missing key(s)' in err and cause in err and len(err.strip().splitlines()) == 1

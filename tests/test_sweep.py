@@ -21,7 +21,7 @@ from test_hostile import TINY, call  # noqa: E402
 import compare  # noqa: E402
 from comparison import report, runs as runs_py  # noqa: E402
 from machinery.cli import UserError  # noqa: E402
-from machinery.run_log import code_hash  # noqa: E402
+from machinery.fingerprint import code_hash  # noqa: E402
 
 
 from comparison import runs  # noqa: E402

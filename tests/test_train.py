@@ -17,7 +17,7 @@ sys.path.insert(0, ROOT)
 
 import configurator  # noqa: E402
 import train as train_py  # noqa: E402
-from machinery import cli, distributed, run_log  # noqa: E402
+from machinery import cli, distributed, fingerprint  # noqa: E402
 from machinery.cli import UserError, parse_args  # noqa: E402
 from nan_train import nan_step  # noqa: E402
 
@@ -97,12 +97,12 @@ def test_a_resume_says_when_its_checkpoint_was_trained_with_other_code(shakespea
     train_here(shakespeare_char_dir, out, '--max_iters=2', '--eval_interval=2')
     path = os.path.join(out, 'ckpt.pt')
     ckpt = torch.load(path, weights_only=True)
-    assert ckpt['code'] == run_log.code_hash()
-    for code, noted in ((run_log.code_hash(), False), ('before an edit', True)):
+    assert ckpt['code'] == fingerprint.code_hash()
+    for code, noted in ((fingerprint.code_hash(), False), ('before an edit', True)):
         torch.save({**ckpt, 'code': code}, path)
         capsys.readouterr()
         train_py.main([f'--out_dir={out}', '--init_from=resume', '--max_iters=2'])
-        said = 'note: the checkpoint was trained with other code of activations.py or model.py' in capsys.readouterr().out
+        said = 'note: the checkpoint was trained with other code of activations.py or model.py' in capsys.readouterr().err
         assert said == noted
 
 
@@ -301,7 +301,7 @@ def test_a_model_non_finite_before_any_step_stops_at_iteration_0_and_blames_its_
     assert code == 3 and len(lines) == 1 and "the untrained model's validation loss is nan" in lines[0], err
     assert 'learning_rate' not in lines[0] and 'activations.py' in lines[0]
     (line,) = log(out)  # the try is on record, with its code, without the numbers NaN would make no JSON
-    assert line['iter'] == 0 and 'val_loss' not in line and line['env']['code'] == run_log.code_hash()
+    assert line['iter'] == 0 and 'val_loss' not in line and line['env']['code'] == fingerprint.code_hash()
     assert not os.path.exists(os.path.join(out, 'ckpt.pt'))
     assert os.path.exists(os.path.join(out, 'diverged.txt'))  # the outcome at these settings, as a comparison counts it
 
