@@ -248,8 +248,10 @@ def resumed_settings(cfg, given, ckpt):
         kept = {**{k: saved[k] for k in keys_that('stream')}, **{k: ckpt['model_args'][k] for k in keys_that('model')}}
     for key, was in kept.items():
         if key in given and cfg[key] != was and not (key == 'vocab_size' and cfg[key] == 0):
-            raise UserError(f"--{key}={cfg[key]} differs from the checkpoint's {was!r}; a resumed run keeps its "
-                            f"model and data stream, so drop --{key} or train a new run in another out_dir.")
+            by, fix = ((f"--{key}={cfg[key]}", f"drop --{key}") if given[key] == '--' else  # or its config file
+                       (f"{given[key]} sets {key}={cfg[key]!r}, which", f"resume without {given[key]}"))
+            raise UserError(f"{by} differs from the checkpoint's {was!r}; a resumed run keeps its model and data "
+                            f"stream, so {fix} or train a new run in another out_dir.")
     resumed = {**DEFAULTS, **saved, **{k: cfg[k] for k in given}}
     return {**resumed, 'init_from': 'resume', 'out_dir': cfg['out_dir']}  # the run may have been moved since
 

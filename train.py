@@ -393,7 +393,8 @@ def main(argv):
     train(r)
     if r.master:
         print(f"done: {r.iter_num} iterations, {r.tokens:,} tokens, " + (
-            f"best val loss {r.best_val_loss:.4f}, checkpoint {r.ckpt_path}" if r.saved_iter is not None
+            f"best val loss {r.best_val_loss:.4f}, checkpoint {r.ckpt_path} (iteration {r.saved_iter})"
+            if r.saved_iter is not None
             else "no checkpoint (max_iters=0 evaluates the untrained model only)"))
         if r.compiled:  # graphs built, and what the on-disk cache served
             print('compile: ' + json.dumps(speed.compile_stats()))

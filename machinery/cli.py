@@ -144,7 +144,7 @@ def _run_config_file(path, config, defaults, types, given):
             raise _unknown_key(key, list(defaults), f"{path}: ")
         if key in assigned or value is not config[key]:
             config[key] = coerce(key, value, types.get(key, type(defaults[key])), defaults[key], f"{path}: ")
-            given.add(key)
+            given[key] = path
 
 
 def format_help(prog, config, doc=''):
@@ -160,9 +160,9 @@ def format_help(prog, config, doc=''):
 
 def parse_args(defaults, argv, types=None, prog='train.py', doc=''):
     """Apply config files and --key=value overrides from argv to a copy of `defaults`. Returns (config, given): the
-    settings and the set of keys set explicitly (by a config file or an override), so that e.g. a resumed run can
-    tell the user's choices from plain defaults."""
-    config, given, types = dict(defaults), set(), types or {}
+    settings and the keys set explicitly, each with what set it last ('--' for an override, else the config file's
+    path), so that e.g. a resumed run can tell the user's choices from plain defaults, and say where each came from."""
+    config, given, types = dict(defaults), {}, types or {}
     for arg in argv:
         if arg in ('-h', '--help'):
             print(format_help(prog, config, doc))
@@ -182,7 +182,7 @@ def parse_args(defaults, argv, types=None, prog='train.py', doc=''):
         if key not in defaults:
             raise _unknown_key(key, list(defaults), '')
         config[key] = coerce(key, _parse_literal(text, want, defaults[key]), want, defaults[key], '--')
-        given.add(key)
+        given[key] = '--'
     return config, given
 
 

@@ -21,6 +21,7 @@ from machinery.files import append_lines, remove_dead_temps, write_text
 LOG = 'log.jsonl'
 DIVERGED = 'diverged.txt'  # why the run diverged (train.py), its outcome at these settings; a new try removes it
 DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
+PICTURES = ('acts.png', 'acts.json')  # what inspect_run.py draws of a run, from its checkpoint
 def codes_of(records):
     """The codes (fingerprint.code_hash) a run's tries trained with, as each try's first log line names it (None: not named)."""
     return {r['env'].get('code') for r in records if isinstance(r.get('env'), dict)}
@@ -86,13 +87,14 @@ def open_for_try(out_dir, saved_iter):
     """out_dir made ready for a new try of its run (by the process that locked it, once everything the run needs has
     been checked): the note of an earlier divergence and any half-written file go; a resumed run (saved_iter, its
     checkpoint's iteration) keeps the log lines up to its checkpoint, a new one starts an empty log and its old
-    checkpoint goes now, so that a resume can never join it to the new log. Returns the log's lines."""
+    checkpoint goes now, so that a resume can never join it to the new log, with the pictures drawn of it (PICTURES).
+    Returns the log's lines."""
     clear_diverged(out_dir)
     remove_dead_temps(out_dir)  # a save killed mid-write
     lines = truncate_log(os.path.join(out_dir, LOG), -1 if saved_iter is None else saved_iter)
-    with suppress(FileNotFoundError):
-        if saved_iter is None:
-            os.remove(os.path.join(out_dir, CKPT))
+    for name in (CKPT, *PICTURES) if saved_iter is None else ():
+        with suppress(FileNotFoundError):
+            os.remove(os.path.join(out_dir, name))
     return lines
 
 

@@ -17,7 +17,7 @@ sys.path.insert(0, ROOT)
 
 import configurator  # noqa: E402
 import train as train_py  # noqa: E402
-from machinery import cli, distributed, fingerprint  # noqa: E402
+from machinery import cli, distributed, fingerprint, run_log  # noqa: E402
 from machinery.cli import UserError, parse_args  # noqa: E402
 from nan_train import nan_step  # noqa: E402
 
@@ -125,11 +125,18 @@ def in_process(main, argv, capsys):
     return e.value.code, capsys.readouterr().err
 
 
-def test_resume_rejects_a_changed_data_stream(tiny_run, capsys):
+def test_resume_rejects_a_changed_data_stream_naming_what_changed_it(tiny_run, tmp_path, capsys):
+    """The sentence names the setting's source: an override, or a config file (a learner who never typed --ffn)."""
     _, out = tiny_run
-    code, err = in_process(train_py.main, [f'--out_dir={out}', '--init_from=resume', '--batch_size=8', '--max_iters=5'],
-                           capsys)
-    assert code == 2 and 'batch_size' in err and len(err.strip().splitlines()) == 1
+    config = tmp_path / 'mine.py'
+    config.write_text('batch_size = 8\n')
+    for given, said in (('--batch_size=8', "--batch_size=8 differs from the checkpoint's 4; a resumed run keeps its "
+                                           "model and data stream, so drop --batch_size or"),
+                        (str(config), f"{config} sets batch_size=8, which differs from the checkpoint's 4; a resumed "
+                                      f"run keeps its model and data stream, so resume without {config} or")):
+        code, err = in_process(train_py.main, [given, f'--out_dir={out}', '--init_from=resume', '--max_iters=5'],
+                               capsys)
+        assert code == 2 and said in err and len(err.strip().splitlines()) == 1
 
 
 def test_resume_checks_the_given_model_keys_against_the_checkpoints_not_the_defaults(shakespeare_char_dir, tmp_path):
@@ -174,17 +181,21 @@ def test_resume_refuses_a_dataset_prepared_again(tiny_run, tmp_path, capsys, cha
     assert len(err.strip().splitlines()) == 1
 
 
-def test_a_new_run_sets_the_old_logs_damaged_lines_aside(tiny_run, tmp_path):
-    """Trained again over an old run (--overwrite, or by compare.py), a damaged line of the old log is kept."""
+def test_a_new_run_sets_the_old_logs_damaged_lines_aside_and_its_pictures_go(tiny_run, tmp_path):
+    """Trained again over an old run (--overwrite, or by compare.py), a damaged line of the old log is kept; the old
+    run's acts.png and acts.json (inspect_run.py's) go, as they would stand beside the new run's log."""
     import shutil
     data, out = tiny_run
     run_dir = str(tmp_path / 'run')
     shutil.copytree(out, run_dir)
     with open(os.path.join(run_dir, 'log.jsonl'), 'a') as f:
         f.write('{"iter": 4 "loss": 1.0}\n')
+    for name in run_log.PICTURES:
+        (tmp_path / 'run' / name).write_text('of the old run')
     train_here(data, run_dir, '--max_iters=2', '--eval_interval=2', '--overwrite=True')
     assert open(os.path.join(run_dir, 'log.jsonl.damaged')).read() == '{"iter": 4 "loss": 1.0}\n'
     assert [r['iter'] for r in log(run_dir)] == [0, 1, 2]
+    assert not any(os.path.exists(os.path.join(run_dir, name)) for name in run_log.PICTURES)
 
 
 def test_checkpoint_contents(tiny_run):
@@ -330,7 +341,7 @@ def test_configurator_types():
     cfg, given = parse_args(DEFAULTS, ['--n_layer=4', '--dropout=1', '--bias=True', '--dataset=owt', '--compile=False'],
                             types={'compile': bool})
     assert cfg == {'n_layer': 4, 'dropout': 1.0, 'bias': True, 'dataset': 'owt', 'compile': False}
-    assert given == set(DEFAULTS)
+    assert given == dict.fromkeys(DEFAULTS, '--')  # each key, with what set it: an override
     assert parse_args(DEFAULTS, ['--n_layer=1e3'])[0]['n_layer'] == 1000  # integral: not a truncation
     assert parse_args(DEFAULTS, ['--compile=auto'], types={'compile': bool})[0]['compile'] is None
     for bad in ('--n_layer=3.5', '--n_layer=True', '--bias=maybe', '--dropout=abc', '--n_layr=2', 'n_layer=2'):
@@ -342,7 +353,8 @@ def test_configurator_config_file(tmp_path):
     f = tmp_path / 'c.py'
     f.write_text("n_layer = 6\n_helper = 3\ndropout = 0.1 * _helper\n")
     cfg, given = parse_args(DEFAULTS, [str(f), '--n_layer=2'])
-    assert cfg['n_layer'] == 2 and cfg['dropout'] == pytest.approx(0.3) and given == {'n_layer', 'dropout'}
+    assert cfg['n_layer'] == 2 and cfg['dropout'] == pytest.approx(0.3)
+    assert given == {'n_layer': '--', 'dropout': str(f)}  # what set each last: an override, the config file
     f.write_text("n_layers = 6\n")
     with pytest.raises(UserError, match="n_layers"):
         parse_args(DEFAULTS, [str(f)])
@@ -484,6 +496,15 @@ def test_max_iters_0_names_no_checkpoint(shakespeare_char_dir, tmp_path, capsys)
     assert done.startswith('done: 0 iterations') and 'no checkpoint' in done
     assert 'train:' not in err  # no progress bar for no step (tqdm would draw '0it')
     assert not os.path.exists(tmp_path / 'run' / 'ckpt.pt')
+
+
+def test_the_last_line_names_the_iteration_its_checkpoint_holds(shakespeare_char_dir, tmp_path, capsys):
+    """With always_save_checkpoint=False a checkpoint is written only when the validation loss improves: at a rate
+    of 0 it never does after iteration 2, so the run ends at 4 with its checkpoint at 2, and says so."""
+    train_here(shakespeare_char_dir, str(tmp_path / 'run'), '--max_iters=4', '--eval_interval=2',
+               '--always_save_checkpoint=False', '--learning_rate=0', '--min_lr=0')
+    done = capsys.readouterr().out.splitlines()[-1]
+    assert done.startswith('done: 4 iterations') and done.endswith(f"{tmp_path / 'run' / 'ckpt.pt'} (iteration 2)")
 
 
 def test_a_log_lines_step_time_counts_the_wait_for_the_device(shakespeare_char_dir, tmp_path, monkeypatch):
