@@ -96,6 +96,12 @@ def keys_that(what):
     return [k for k, key in SETTINGS.items() if what in key.what.split()]
 
 
+def refusal(e):
+    """activations.py's ValueError as a command line's sentence: a key it names first is the flag that sets it."""
+    text = str(e).rstrip('.')
+    return UserError(f"--{text}." if text.split()[0] in SETTINGS else f"{text}.")
+
+
 MAX_SEED = 2**31 - 1  # numpy seeds take 32 bits; DDP ranks add their rank to the seed
 
 
@@ -106,7 +112,7 @@ def model_config(settings):
     try:
         check_variant(c.ffn)
     except ValueError as e:
-        raise UserError(f"{e}.") from None
+        raise refusal(e) from None
     if c.norm not in ("rmsnorm", "layernorm") or c.pos not in ("rope", "learned"):
         raise UserError("--norm must be rmsnorm or layernorm, --pos rope or learned.")
     if c.n_embd % c.n_head:
@@ -218,7 +224,7 @@ def check(cfg):
         for c in (config, *(replace(probe, ffn=v) for v in ('polynorm', 'la_glu', 'moa'))):
             make_activations(c)
     except ValueError as e:
-        raise UserError(f"{str(e).rstrip('.')}.") from None
+        raise refusal(e) from None
     if cfg['wandb_log']:  # imported now, before a run replaces anything, and only when asked for
         try:
             import wandb  # noqa: F401

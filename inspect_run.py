@@ -17,8 +17,8 @@ import os
 import sys
 
 from comparison.acts import inspect, short_label, write
-from machinery.cli import parse_args, run_cli
-from machinery.device import resolve_device
+from machinery.cli import UserError, parse_args, run_cli
+from machinery.device import resolve_device, set_threads
 from machinery.files import check_writable
 from machinery.fingerprint import IDEAS, code_hash
 from machinery.run_log import LOG, codes_of, read_log_lines
@@ -28,6 +28,7 @@ DEFAULTS = dict(
     data_dir='',  # where the run's dataset is prepared; '' = the data_dir the run was trained with
     bins=100,  # histogram bins over the 0.5-99.5% range of h; their centres are the grid φ is evaluated on
     device='cpu',  # the one forward pass is small; 'auto' picks a GPU
+    threads=0,  # torch's CPU threads; 0 = OMP_NUM_THREADS where set, else half the cores
 )
 
 
@@ -38,6 +39,9 @@ def main(argv):
     if codes_of(read_log_lines(os.path.join(cfg['out_dir'], LOG))[0]) - {code_hash(), None}:
         print(f"note: {cfg['out_dir']} trained with other code of {' or '.join(IDEAS)} than they hold now; its φ is "
               f"drawn with the code as it is now.", file=sys.stderr)
+    if cfg['threads'] < 0:
+        raise UserError(f"--threads must not be negative, got {cfg['threads']}.")
+    set_threads(cfg['threads'])  # a thread per core, torch's own default, crawls beside any other busy process
     report = inspect(cfg['out_dir'], cfg['data_dir'], cfg['bins'], resolve_device(cfg['device']))
     if report['damaged_lines']:
         print(f"warning: {report['damaged_lines']} damaged line(s) of {cfg['out_dir']}/log.jsonl set aside.",

@@ -3,18 +3,18 @@ Train a GPT with a chosen feed-forward layer, in nanoGPT's style: the set-up, th
 
     python train.py config/shakespeare_char.py                          # a few minutes on a laptop CPU
     python train.py config/shakespeare_char.py --ffn=polynorm --out_dir=out-pn
-    python train.py --out_dir=out-pn --init_from=resume --max_iters=4000 # continue exactly from its checkpoint
+    python train.py --out_dir=out-pn --init_from=resume --max_iters=3000 # continue exactly from its checkpoint
     torchrun --standalone --nproc_per_node=8 train.py config/owt.py     # DDP (nccl on GPUs, gloo on CPU)
     python train.py --help                                              # every key and its default
 
 Settings: a config file and --key=value overrides of configurator.DEFAULTS (every field of GPTConfig is a key too).
 
 Worth knowing:
-- batch_size and gradient_accumulation_steps are per process (unlike nanoGPT's): an iteration is batch_size *
-  block_size * gradient_accumulation_steps * processes tokens.
+- batch_size is per process, as nanoGPT's, and so is gradient_accumulation_steps (nanoGPT divides its among the
+  processes): an iteration is batch_size * block_size * gradient_accumulation_steps * processes tokens.
 - log.jsonl holds a record per logged iteration (`iter`: optimizer steps done); evaluation lines add the validation
   loss and its two halves, and what the activations learned (log_record, add_evaluation). A checkpoint at iteration k
-  follows line k, and a resumed run drops the lines past its checkpoint.
+  follows the log line of iteration k, and a resumed run drops the lines past its checkpoint.
 - init_from=resume takes the settings saved in out_dir/ckpt.pt with only what you pass on top; the model keys and
   the data stream (dataset, batch_size, block_size, seed) cannot change. One run per out_dir (a lock). A resume is
   exact on a CPU; on a GPU some kernels are not deterministic, so it matches to bf16's rounding.
@@ -366,7 +366,7 @@ def train(r):
                 check_finite_weights(r.raw_model, val_loss, r.iter_num, r.kept())
                 if r.master:
                     pbar.write(f"iter {r.iter_num}: train loss {record['loss']:.4f}, val loss {val_loss:.4f}")
-            write_log(r, record)  # before the checkpoint: the checkpoint at iteration k always follows line k
+            write_log(r, record)  # before the checkpoint: a checkpoint always follows its iteration's line
             if is_eval and (val_loss < r.best_val_loss or cfg['always_save_checkpoint']):
                 r.best_val_loss = min(r.best_val_loss, val_loss)
                 save_checkpoint(r, val_loss)

@@ -114,8 +114,8 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
     if not 2 <= bins <= MAX_BINS:
         raise UserError(f"--bins must be between 2 and {MAX_BINS}, got {bins}.")
     if ckpt is None:
-        ckpt = load_checkpoint(out_dir, "a run writes it at its first evaluation: wait for that, or use another "
-                                        "--out_dir (a comparison's runs are its OUT/VARIANT/[lrRATE/]seedN).")
+        ckpt = load_checkpoint(out_dir, "a run writes it at its first evaluation after a step: wait for that, or use "
+                                        "another --out_dir (a comparison's runs are its OUT/VARIANT/[lrRATE/]seedN).")
     path = os.path.join(out_dir, CKPT)
     model = checkpoint_model(ckpt, path, lambda args: GPT(GPTConfig(**args))).to(device).eval()
     with loading(path):  # its data stream's settings; a UserError (the data moved) passes as it is

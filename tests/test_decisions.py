@@ -668,21 +668,21 @@ REFUSED_SETTINGS = [
     (dict(beta2=math.nan), "--beta2 must be in [0, 1), got nan."),
     (dict(seed=-1), f"--seed must be between 0 and {configurator.MAX_SEED}, got -1."),
     (dict(seed=configurator.MAX_SEED + 1), "--seed must be between 0 and 2147483647, got 2147483648."),
-    (dict(ffn='polyrelu', poly_order=9), "poly_order must be 2, 3 or 4, got 9."),  # the activation's own check
-    *((dict(ffn=ffn, la_init=v), f"la_init must be onehot, mean, sum or onehot:NAME with NAME one of identity, relu, "
+    (dict(ffn='polyrelu', poly_order=9), "--poly_order must be 2, 3 or 4, got 9."),  # the activation's, as a flag
+    *((dict(ffn=ffn, la_init=v), f"--la_init must be onehot, mean, sum or onehot:NAME with NAME one of identity, relu, "
                                  f"relu2, gelu, silu, tanh (or A/B of the last three: gate/up branch); got {got!r}.")
       for ffn, v, got in [('la_glu', 'onehot/mean', 'onehot/mean'),  # bare onehot is a whole variant's init
                           ('la_glu', 'mean/sum/onehot:relu', 'mean/sum/onehot:relu'),  # two branches, two parts
                           ('la', 'mean/bad', 'bad'), ('moa', 'onehot:tanhh', 'onehot:tanhh')]),  # B, read or not
     (dict(norm='batchnorm'), "--norm must be rmsnorm or layernorm, --pos rope or learned."),  # model_config's
     # an activation key the chosen variant does not read is checked all the same, as the variants that read it do
-    (dict(ffn='gelu', poly_order=9), "poly_order must be 2, 3 or 4, got 9."),
-    (dict(ffn='gelu', act_dict='foo'), "act_dict must be a comma-separated list of identity, relu, relu2, gelu, silu, "
-                                       "leaky_relu, tanh; got 'foo'."),
-    (dict(ffn='polynorm', la_init='bogus'), "la_init must be onehot, mean, sum or onehot:NAME with NAME one of "
+    (dict(ffn='gelu', poly_order=9), "--poly_order must be 2, 3 or 4, got 9."),
+    (dict(ffn='gelu', act_dict='foo'), "--act_dict must be a comma-separated list of identity, relu, relu2, gelu, "
+                                       "silu, leaky_relu, tanh; got 'foo'."),
+    (dict(ffn='polynorm', la_init='bogus'), "--la_init must be onehot, mean, sum or onehot:NAME with NAME one of "
                                             "identity, relu, relu2, gelu, silu, tanh (or A/B of the last three: "
                                             "gate/up branch); got 'bogus'."),
-    (dict(ffn='la', moa_gate='nope'), "moa_gate must be one of sigmoid, softmax, tanh, plain_sigmoid; got 'nope'."),
+    (dict(ffn='la', moa_gate='nope'), "--moa_gate must be one of sigmoid, softmax, tanh, plain_sigmoid; got 'nope'."),
 ]
 
 
@@ -718,7 +718,7 @@ def test_an_activations_refusal_is_one_sentence_with_one_full_stop(run_settings,
     monkeypatch.setattr(configurator, 'make_activations', refuse)
     with pytest.raises(UserError) as e:
         configurator.check(run_settings())
-    assert str(e.value) == 'la_init names no activation.'
+    assert str(e.value) == '--la_init names no activation.'  # the key it names first, as the flag that sets it
 
 
 def test_wandb_that_cannot_be_imported_is_refused_only_when_asked_for(run_settings, monkeypatch):

@@ -158,6 +158,23 @@ def test_a_run_of_other_code_is_drawn_with_a_note_that_says_so(shakespeare_char_
         assert ('trained with other code of activations.py or model.py than they hold now' in err) == (name == 'before')
 
 
+def test_inspect_takes_its_cpu_threads_as_every_command_does(shakespeare_char_dir, tmp_path, capsys, monkeypatch):
+    """--threads, else OMP_NUM_THREADS, else half the cores: torch's own thread per core crawls beside a busy process."""
+    import torch
+    run, threads = untrained_run(str(tmp_path / 'run'), shakespeare_char_dir, ffn='polynorm'), torch.get_num_threads()
+    monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+    try:
+        for given, chosen in (('--threads=1', 1), ('--threads=0', max(1, len(os.sched_getaffinity(0)) // 2))):
+            torch.set_num_threads(3)
+            run_cli(inspect_run.main, [f'--out_dir={run}', given])
+            assert torch.get_num_threads() == chosen
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(SystemExit) as e:
+        run_cli(inspect_run.main, [f'--out_dir={run}', '--threads=-1'])
+    assert e.value.code == 2 and capsys.readouterr().err.endswith("--threads must not be negative, got -1.\n")
+
+
 @pytest.mark.parametrize('model_args', [dict(ffn='la', la_init='mean'), dict(ffn='polynorm'), dict(ffn='moa_glu'),
                                         dict(ffn='xielu'), dict(ffn='moa', n_expert=4, top_k=2)])
 def test_moved_is_zero_at_init(shakespeare_char_dir, tmp_path, model_args):
