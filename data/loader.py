@@ -4,6 +4,7 @@
     x, y = loader.next_batch()          # (B, T) int64 CPU tensors, y is x shifted by one token
     evals = loader.val_batches(20)      # the same 20 batches for every run on this dataset
 """
+import difflib
 import fcntl
 import hashlib
 import os
@@ -140,7 +141,10 @@ class DataLoader:
             command = PREPARE_COMMANDS.get(dataset, f"python data/text/prepare.py --input=YOUR_FILES --name={dataset}")
             if os.path.abspath(self.dir) != os.path.join(DATA_DIR, dataset):
                 command += f" --out_dir={self.dir}"
-            raise DatasetNotPrepared(f"dataset {dataset} is not prepared in {self.dir}; run `{command}` first.")
+            known = [*PREPARE_COMMANDS, *(os.listdir(data_dir) if os.path.isdir(data_dir) else [])]
+            close = difflib.get_close_matches(dataset, known, n=1, cutoff=0.8)  # a typo: 'shakespear'
+            raise DatasetNotPrepared(f"dataset {dataset} is not prepared in {self.dir}; run `{command}` first"
+                                     + (f" (or did you mean --dataset={close[0]}?)." if close else "."))
         self.meta = read_meta(meta_path)
         self.train = _Split(train_paths, block_size + 1, self.vocab_size)
         self.val = _Split(val_paths, block_size + 1, self.vocab_size)
