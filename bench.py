@@ -299,7 +299,8 @@ def profile(cfg):
 
 
 def main(argv):
-    cfg, _ = parse_args(DEFAULTS, argv, prog="bench.py", doc=__doc__.split("\n\n")[1])
+    cfg, _ = parse_args(DEFAULTS, argv, prog="bench.py", doc=__doc__.split("\n\n")[1],
+                        notes=[sys.modules[GPT.__module__].__file__, __file__])  # GPTConfig's, then its own
     if cfg["profile"]:
         profile(cfg)
         return

@@ -51,9 +51,8 @@ SETTINGS = dict(
     min_lr=Key(6e-5, 'id shown'),  # a comparison's tuning keeps its ratio to learning_rate instead
     # system
     device=Key('auto', 'id shown'),  # 'auto' (cuda, then mps, then cpu) | 'cpu' | 'cuda' | 'cuda:N' | 'mps'
-    dtype=Key('auto', 'id tune shown'),  # 'auto' (CUDA: bfloat16 at compute capability 8.0+, else float16; float32
-    # elsewhere) | 'float32' | 'bfloat16' | 'float16'
-    compile=Key(None, type=bool),  # None = auto: on for CUDA, off elsewhere (--compile=True compiles on a CPU too)
+    dtype=Key('auto', 'id tune shown'),  # auto: bfloat16 at compute capability 8.0+, float16 below, float32 off CUDA
+    compile=Key(None, type=bool),  # auto (None): on for CUDA, off elsewhere (--compile=True compiles on a CPU too)
     compile_mode=Key('regional'),  # 'regional' (each Block compiled; one graph serves every layer) | 'whole' (the GPT)
     peak_flops=Key(0.0),  # FLOP/s for MFU; 0 = the GPU's dense peak in the dtype by name (speed.PEAK_FLOPS), else null
     threads=Key(0),  # torch's CPU threads; 0 = OMP_NUM_THREADS where set, else half the cores (device.set_threads)
@@ -88,6 +87,7 @@ SETTINGS = dict(
     z_loss_weight=Key(M.z_loss_weight, 'model id tune'),
 )
 DEFAULTS = {k: key.default for k, key in SETTINGS.items()}
+NOTES = (os.path.join(os.path.dirname(os.path.abspath(__file__)), 'model.py'), __file__)  # what each key is (--help)
 TYPES = {k: key.type or type(key.default) for k, key in SETTINGS.items()}
 
 

@@ -33,7 +33,7 @@ DEFAULTS = dict(
 
 
 def main(argv):
-    cfg, _ = parse_args(DEFAULTS, argv, prog='inspect_run.py', doc=__doc__.split('\n\n')[1])
+    cfg, _ = parse_args(DEFAULTS, argv, prog='inspect_run.py', doc=__doc__.split('\n\n')[1], notes=[__file__])
     if os.path.isdir(cfg['out_dir']):  # no folder: no checkpoint, which inspect says
         check_writable(cfg['out_dir'])  # acts.png and acts.json go there: say so before the work, not after
     if codes_of(read_log_lines(os.path.join(cfg['out_dir'], LOG))[0]) - {code_hash(), None}:

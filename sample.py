@@ -30,8 +30,7 @@ DEFAULTS = dict(
     top_k=200,  # keep only the top_k most likely tokens; 0 = no limit
     seed=1337,
     device='auto',  # 'auto' (cuda, then mps, then cpu) | 'cpu' | 'cuda' | 'cuda:N' | 'mps'
-    dtype='auto',  # 'auto' (CUDA: bfloat16 at compute capability 8.0+, else float16; float32 elsewhere) | 'float32' |
-    # 'bfloat16' | 'float16'
+    dtype='auto',  # auto: bfloat16 on GPUs of compute capability 8.0+, float16 below, float32 elsewhere
     threads=0,  # torch's CPU threads; 0 = OMP_NUM_THREADS where set, else half the cores
 )
 SEPARATOR = '---------------'
@@ -49,7 +48,7 @@ def check(cfg):
 
 
 def main(argv):
-    cfg, _ = parse_args(DEFAULTS, argv, prog='sample.py', doc=__doc__.split('\n\n')[1])
+    cfg, _ = parse_args(DEFAULTS, argv, prog='sample.py', doc=__doc__.split('\n\n')[1], notes=[__file__])
     check(cfg)
     checkpoint = load_checkpoint(cfg['out_dir'], "train one first (python train.py config/shakespeare_char.py) or "
                                                  "point --out_dir at a run's directory.")

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import (DEFAULTS, TYPES, check, check_memory, model_args, model_config,
+from configurator import (DEFAULTS, NOTES, TYPES, check, check_memory, model_args, model_config,
                           resumed_settings)
 from data.loader import open_loader
 from machinery import checkpoint as ckpt_io, device, distributed, speed, wandb_log
@@ -52,7 +52,7 @@ from model import GPT, GPTConfig
 
 def settings(argv):
     """The run's settings and, to resume, its checkpoint (whose settings it keeps, with only the keys given on top)."""
-    cfg, given = parse_args(DEFAULTS, argv, types=TYPES, prog='train.py', doc=__doc__.split('\n\n')[1])
+    cfg, given = parse_args(DEFAULTS, argv, types=TYPES, prog='train.py', doc=__doc__.split('\n\n')[1], notes=NOTES)
     checkpoint = None
     if cfg['init_from'] == 'resume':
         checkpoint = ckpt_io.load_checkpoint(cfg['out_dir'], "point --out_dir at an earlier run's directory or start "

@@ -20,6 +20,7 @@ library is imported here, so that a command can call it first, and on Windows it
 import ast
 import difflib
 import os
+import re
 import signal
 import sys
 import textwrap
@@ -147,25 +148,37 @@ def _run_config_file(path, config, defaults, types, given):
             given[key] = path
 
 
-def format_help(prog, config, doc=''):
-    """--help: the usage line, the script's own words, and every key with the value it has now."""
+def key_notes(*paths):
+    """{key: the comment beside it} in the files that define a command's keys, one to a line (`key=...  # what`, or a
+    dataclass field's `key: type = ...  # what`), a later file's over an earlier's: --help shows them."""
+    notes = {}
+    for path in paths:
+        with open(path, encoding='utf-8') as f:
+            notes.update(m.groups() for line in f if (m := re.match(r"\s*(\w+)\s*(?::[^=]*)?=[^#]*#\s*(.*)", line)))
+    return notes
+
+
+def format_help(prog, config, doc='', notes=()):
+    """--help: the usage line, the script's own words, and every key with the value it has now and what it is (the
+    comment beside it in the files named by notes)."""
     lines = [f"usage: python {prog} [config/FILE.py ...] [--key=value ...]"]
     if doc:
         lines.append(textwrap.indent(textwrap.dedent(doc).strip('\n'), '  '))
     lines.append('keys (values after the config files and overrides given before --help):')
-    width = max(len(k) for k in config)
-    lines += [f"  --{k.ljust(width)} {'auto' if config[k] is None else repr(config[k])}" for k in sorted(config)]
+    width, said = max(len(k) for k in config), key_notes(*notes)
+    lines += [f"  --{k.ljust(width)} {'auto' if config[k] is None else repr(config[k])}"
+              + (f"  # {said[k]}" if k in said else '') for k in sorted(config)]
     return '\n'.join(lines)
 
 
-def parse_args(defaults, argv, types=None, prog='train.py', doc=''):
+def parse_args(defaults, argv, types=None, prog='train.py', doc='', notes=()):
     """Apply config files and --key=value overrides from argv to a copy of `defaults`. Returns (config, given): the
     settings and the keys set explicitly, each with what set it last ('--' for an override, else the config file's
     path), so that e.g. a resumed run can tell the user's choices from plain defaults, and say where each came from."""
     config, given, types = dict(defaults), {}, types or {}
     for arg in argv:
         if arg in ('-h', '--help'):
-            print(format_help(prog, config, doc))
+            print(format_help(prog, config, doc, notes))
             sys.exit(0)
         if not arg.startswith('-'):  # a config file, run as Python: only a file named as one
             if not arg.endswith('.py'):

@@ -6,6 +6,7 @@ The shakespeare_char_dir fixture (tests/conftest.py) prepares the dataset into a
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -347,6 +348,19 @@ def test_configurator_types():
     for bad in ('--n_layer=3.5', '--n_layer=True', '--bias=maybe', '--dropout=abc', '--n_layr=2', 'n_layer=2'):
         with pytest.raises(UserError):
             parse_args(DEFAULTS, [bad], types={'compile': bool})
+
+
+def test_help_says_what_each_key_is_by_the_comment_beside_it(capsys):
+    """--help reads each key's comment where the key is defined: SETTINGS' over GPTConfig's (vocab_size 0 means the
+    dataset's vocabulary to a run), GPTConfig's where SETTINGS has none (poly_order)."""
+    notes = cli.key_notes(*configurator.NOTES)
+    assert notes['vocab_size'] == "0 = the dataset's vocabulary (its meta.json)"
+    assert notes['poly_order'] == 'r of PolyReLU / PolyNorm (2–4)' and 'n_layer' not in notes
+    with pytest.raises(SystemExit) as e:
+        parse_args(configurator.DEFAULTS, ['--threads=2', '--help'], types=configurator.TYPES, notes=configurator.NOTES)
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and re.search(r"^  --threads +2  # torch's CPU threads; 0 = OMP_NUM_THREADS", out, re.M)
+    assert re.search(r"^  --n_layer +6$", out, re.M)  # no comment, no note
 
 
 def test_configurator_config_file(tmp_path):

@@ -279,7 +279,7 @@ def prepare(subsets="", num_subsets=0, out_dir=HERE, cache_dir="", shard_tokens=
 
 
 def main(argv):
-    cfg, _ = parse_args(DEFAULTS, argv, prog="data/openwebtext/prepare.py", doc=__doc__)
+    cfg, _ = parse_args(DEFAULTS, argv, prog="data/openwebtext/prepare.py", doc=__doc__, notes=[__file__])
     t0 = time.time()
     meta = prepare(**cfg)
     print(f"openwebtext: subsets {meta['subsets']}, {meta['train_tokens']:,} train + {meta['val_tokens']:,} val "

@@ -84,7 +84,7 @@ def prepare(inputs, tokenizer="gpt2", out_dir="", name="text", val_fraction=0.1,
 
 
 def main(argv):
-    cfg, _ = parse_args(DEFAULTS, argv, prog="data/text/prepare.py", doc=__doc__)
+    cfg, _ = parse_args(DEFAULTS, argv, prog="data/text/prepare.py", doc=__doc__, notes=[__file__])
     t0 = time.time()
     meta = prepare(cfg["input"], cfg["tokenizer"], cfg["out_dir"], cfg["name"], cfg["val_fraction"],
                    cfg["shard_tokens"])
