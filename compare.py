@@ -7,12 +7,13 @@ Run a comparison: train FFN variants side by side on the same batches, N runs at
     python compare.py config/compare_ladder_shakespeare_char.py             # a scaling ladder (--sizes)
     python compare.py --help                                                # every key, as a bare run has it
 
-Each run is a plain train.py run in its own directory (comparison/runs.py), read once per invocation. The steps: check, read the
-runs, train what is missing, extend a sweep where a best rate is at an edge, train each variant at its best rate on
-fresh seeds (a sweep's verdict), report. The same command again reuses finished and diverged runs, resumes cut-off ones
-and refuses runs of other settings, other code of activations.py or model.py, or a dataset prepared again since,
-unless --overwrite=True. Writes summary.md, summary.json, loss.png and acts.png into out_dir (a ladder: each size's in
-out_dir/<size>/, then its own), the table on stdout.
+Each run is a plain train.py run in its own directory (comparison/runs.py), read once per step (and again as it is
+locked to train, and once trained). The steps: check, read the runs, train what is missing, extend a sweep where a best
+rate is at an edge, train each variant at its best rate on fresh seeds (a sweep's verdict), report. The same command
+again reuses finished and diverged runs, resumes cut-off ones and refuses runs of other settings, other code of
+activations.py or model.py, or a dataset prepared again since, unless --overwrite=True. Writes summary.md, summary.json,
+loss.png, acts.png and acts.json (a sweep also lr.png) into out_dir (a ladder: each size's in out_dir/<size>/, then its
+own), the table on stdout.
 """
 from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
@@ -532,7 +533,8 @@ def run_comparison(cfg, comp, runs):
 
 
 def write_report(cfg, comp, runs, fresh):
-    """summary.json, summary.md, loss.png and acts.png into out_dir; the table (the results) on stdout."""
+    """summary.json, summary.md, loss.png, acts.png and acts.json (a sweep also lr.png) into out_dir; the table (the
+    results) on stdout."""
     codes = set().union(*(codes_of(r.records) for r in runs + fresh)) - {None}  # only --report can read several
     if len(codes) > 1:
         raise UserError(f"the runs of {cfg['out_dir']} trained with {len(codes)} versions of {' or '.join(IDEAS)}, "

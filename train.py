@@ -4,8 +4,8 @@ Train a GPT with a chosen feed-forward layer, in nanoGPT's style: the set-up, th
     python train.py config/shakespeare_char.py                          # a few minutes on a laptop CPU
     python train.py config/shakespeare_char.py --ffn=polynorm --out_dir=out-pn
     python train.py --out_dir=out-pn --init_from=resume --max_iters=3000 # continue exactly from its checkpoint
-    torchrun --standalone --nproc_per_node=8 train.py config/owt.py     # DDP (nccl on GPUs, gloo on CPU)
-    python train.py --help                                              # every key and its default
+    torchrun --standalone --nproc_per_node=8 train.py config/owt.py --gradient_accumulation_steps=4  # DDP, as 1 GPU
+    python train.py --help                                              # every key, its value and what it is
 
 Settings: a config file and --key=value overrides of configurator.DEFAULTS (every field of GPTConfig is a key too).
 

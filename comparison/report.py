@@ -1,4 +1,4 @@
-"""The report of one comparison: a function of its runs (runs.Run values, each read once by compare.py) and their
+"""The report of one comparison: a function of its runs (runs.Run values, as compare.py read them) and their
 models' shapes, so the same runs always give the same summary.json, summary.md and printed table."""
 import math
 import os

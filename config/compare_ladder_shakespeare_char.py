@@ -37,7 +37,7 @@ beta2 = 0.99
 weight_decay = 0.1
 grad_clip = 1.0
 
-eval_interval = 50  # 5 points per curve after the untrained one, at every size
+eval_interval = 50  # 5 points per curve after the untrained one at 250 iterations; each size, rescaled, 5 or 6
 eval_iters = 16
 log_interval = 10
 always_save_checkpoint = True  # a cut-off ladder resumes from its last evaluation

@@ -1,6 +1,6 @@
 """
 A run's log, log.jsonl: one JSON record per logged iteration, as train.py writes it (its fields: log_record,
-add_evaluation, and write_log's env on the first line), appended a line at a time, so that every finished line is
+add_evaluation, and write_log's env on each try's first line), appended a line at a time, so that every finished line is
 readable while the run goes on. Its one reader, read_log_lines, trusts what train.py wrote: a line that is not a record
 (torn by a kill, damaged by hand or by a disk) is set aside, never a reason to drop the others, and a report reads a
 missing field as missing. Beside it, diverged.txt: why a run diverged: its outcome at its settings. open_for_try makes a

@@ -44,7 +44,8 @@ def compile_default(device_type):
 
 def compile_cache_dir():
     """Where torch.compile keeps what it built, so that every later run tracing the same graph loads it instead of
-    compiling it: $TORCHINDUCTOR_CACHE_DIR, else ~/.cache/nanoffn/torchinductor. Deleting it is safe."""
+    compiling it: $TORCHINDUCTOR_CACHE_DIR, else $XDG_CACHE_HOME (default ~/.cache)/nanoffn/torchinductor. Deleting it
+    is safe."""
     base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
     return USER_CACHE_DIR or os.path.join(base, 'nanoffn', 'torchinductor')
 

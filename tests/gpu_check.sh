@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check, on a machine with a CUDA GPU (9 minutes at most, each part under its own timeout), written into one
-# report:
+# The GPU check, on a machine with a CUDA GPU (about 9 minutes: each timed part is cut to what is left), written into
+# one report:
 #   1. the GPU tests (python -m pytest -m cuda): every variant compiled in bf16 against eager fp32, the MoE's grouped
 #      matmul, fused AdamW, a float16 run with the loss scaler, a resume on CUDA, sample.py on CUDA, a compiled bf16
 #      comparison of a dense and an MoE variant sharing the GPU;
