@@ -345,6 +345,10 @@ def test_the_code_a_run_logs_is_that_of_activations_and_model_comments_and_docst
     assert now() == fingerprint.code_hash()
     act.write_text(text.replace('a[p] * inv_rms * base**p', 'a[p] * inv_rms * 3 * base**p'))
     assert now() != fingerprint.code_hash()  # a learner's edit of a formula
+    loop_end = '        y = y + a[p] * inv_rms * base**p\n    return y.to(h.dtype)'
+    assert text.count(loop_end) == 1
+    act.write_text(text.replace(loop_end, loop_end.replace('    return', '        return')))
+    assert now() != fingerprint.code_hash()  # a statement indented into the loop: PolyNorm's first term only
 
 
 def test_a_run_trained_with_other_code_is_trained_again_never_reused_but_reported(shakespeare_char_dir, tmp_path,
