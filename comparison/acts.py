@@ -19,7 +19,8 @@ from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint, loadin
 from machinery.cli import UserError
 from comparison.plots import figure, palette, save_figure
 from machinery.files import write_json
-from machinery.run_log import LOG, read_log_lines
+from machinery.fingerprint import code_hash
+from machinery.run_log import LOG, codes_of, read_log_lines
 from model import GPT, GPTConfig, MoE
 
 RANGE = (0.5, 99.5)  # percentiles of h that set the drawn range
@@ -304,7 +305,7 @@ def write(out_dir, report):
 
 def compare_acts(out_dir, runs, data_dir=''):
     """For compare.py: inspect and write each variant's run (runs: {variant: its first seed's runs.Run, whose files
-    are read already}) and draw out_dir/acts.png. Returns the moved-from-init numbers per variant, layer and branch
+    are read already}, its acts.png and acts.json where it trained with this code) and draw out_dir/acts.png. Returns the moved-from-init numbers per variant, layer and branch
     (None: no checkpoint)."""
     reports = {}
     for v, run in runs.items():
@@ -312,7 +313,8 @@ def compare_acts(out_dir, runs, data_dir=''):
             if run.checkpoint is None:
                 raise UserError(f"{run.dir} holds no readable checkpoint")
             reports[v] = inspect(run.dir, data_dir, ckpt=run.checkpoint, log=(run.records, run.damaged))
-            write(run.dir, reports[v])
+            if codes_of(run.records) == {code_hash()}:  # a run of other code (--report) keeps the pictures it has
+                write(run.dir, reports[v])
         except UserError as e:  # a run that never wrote a checkpoint (or whose data moved): no row for it
             print(f"compare: no acts.png row for {v}: {e}", file=sys.stderr)
             reports[v] = None

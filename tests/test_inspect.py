@@ -5,6 +5,7 @@ One tiny comparison (gelu, la, polynorm x 2 seeds, 4 iterations) is trained once
 compare.py then finds every run finished and only writes the report."""
 import contextlib
 import io
+import glob
 import json
 import os
 import shutil
@@ -269,6 +270,30 @@ def test_compare_draws_one_row_per_variant(compared):
     for v, line in moved_lines.items():
         moved = rows[v]['layers'][0]['branches']['act']['moved']
         assert line.endswith(f'layer 0 act {moved:.3f} ({moved / rows[v]["layers"][0]["branches"]["act"]["init_rms"]:.0%})')
+
+
+def test_a_report_over_runs_of_other_code_keeps_each_runs_own_pictures(compared, shakespeare_char_dir, tmp_path,
+                                                                        capsys):
+    """compare.py --report after an edit of the code draws the comparison's acts.png with the code as it is now (and
+    says so), but a run's own acts.json and acts.png, drawn of the code it trained with, are not redrawn."""
+    out = str(tmp_path / 'cmp')
+    shutil.copytree(compared, out)
+    for log_path in glob.glob(os.path.join(out, '*', 'seed*', 'log.jsonl')):  # as if trained before an edit
+        lines = [json.loads(line) for line in open(log_path)]
+        for r in lines:
+            if 'env' in r:
+                r['env']['code'] = 'before an edit'
+        with open(log_path, 'w') as f:
+            f.writelines(json.dumps(r) + '\n' for r in lines)
+    own = os.path.join(out, 'polynorm', 'seed1337', 'acts.json')
+    with open(own, 'w') as f:
+        f.write('{"drawn": "of the code it trained with"}')
+    argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', f'--variants={",".join(VARIANTS)}', '--seeds=2',
+            '--lrs=', '--jobs=2', '--threads=1', *TINY, '--report=True']
+    compare.main(argv)
+    assert 'than they hold now' in capsys.readouterr().err
+    assert open(own).read() == '{"drawn": "of the code it trained with"}'
+    assert list(acts(out)['variants']) == VARIANTS  # the comparison's picture, of the code as it is
 
 
 # ----------------------------------------------------------------------------------------------------------------------
