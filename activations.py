@@ -6,6 +6,7 @@ lines of autograd), then the module used in training, an `Activation`. model.py 
 y = W_down φ(W_up x) for "mlp" variants, y = W_down (φ_gate(W_gate x) ⊙ φ_up(W_up x)) for "glu" variants (φ_up is the
 identity for plain GLUs), and the Mixture of Experts treats every activation alike through their one interface.
 """
+import difflib
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -420,7 +421,9 @@ VARIANTS = {
 def check_variant(name):
     """The registry record of `name`, or a ValueError that lists the choices. The one place an ffn name is checked."""
     if name not in VARIANTS:
-        raise ValueError(f"unknown ffn {name!r}; choose one of: {', '.join(VARIANTS)}")
+        close = difflib.get_close_matches(name.lower(), VARIANTS, n=1)  # a typo: polynrom, PolyNorm
+        raise ValueError(f"unknown ffn {name!r}{f' (did you mean {close[0]!r}?)' if close else ''}; choose one of: "
+                         f"{', '.join(VARIANTS)}")
     return VARIANTS[name]
 
 

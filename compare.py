@@ -104,7 +104,7 @@ def tuned_rates(cfg, variants, own, overrides):
     # nor its seed: the sweep chooses on seeds of its own. At another learning_rate than its config's, it sweeps a
     # grid around it (the config's rates need not include it).
     key = lambda a: split_arg(a)[0]
-    repeated = {'variants', 'data_dir', 'nproc_per_run', *keys_that('id')} - {'seed'}
+    repeated = {'variants', 'baseline', 'data_dir', 'nproc_per_run', *keys_that('id')} - {'seed'}
     args = [f"--variants={','.join(variant_rates(split_arg(a)[2], 'variants'))}" if key(a) == 'variants' else a
             for a in overrides or [] if key(a) in repeated]
     args += ['--lr_grid=2'] if any(key(a) == 'learning_rate' for a in args) else []
@@ -152,8 +152,11 @@ def check_comparison(cfg, overrides=None):
     fresh = [seeds[-1] + 1 + i for i in range(cfg['seeds'])] if grid else []  # a sweep's verdict: the seeds after
     for v in variants:  # what train.py would refuse, said now, at each rate the variant runs at
         for lr in grid or [rates[v]]:
-            check({**cfg, **variant_settings(v), **(at_rate(cfg, lr) if lr is not None else {}),
-                   'seed': (fresh or seeds)[-1]})
+            try:
+                check({**cfg, **variant_settings(v), **(at_rate(cfg, lr) if lr is not None else {}),
+                       'seed': (fresh or seeds)[-1]})
+            except UserError as e:  # a setting the variant carries (polyrelu:poly_order=9) is said as the variant's
+                raise UserError(f"--variants' {v}: {e}") if ':' in v else e from None
     return dict(variants=variants, seeds=seeds, fresh_seeds=fresh, baseline=baseline, grid=grid, rates=rates,
                 untuned=untuned)
 

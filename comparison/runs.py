@@ -92,7 +92,10 @@ def variant_rates(text, key):
     out = {}
     for item in split_list(text):
         label, at, rate = item.rpartition('@') if '@' in item else (item, '', '')
-        variant_settings(label)
+        try:
+            variant_settings(label)
+        except UserError as e:  # said as the setting that names it
+            raise UserError(f"--{key}: {e}") from None
         if label in out:
             raise UserError(f"--{key}='{text}' names {label} twice; list each variant once.")
         try:

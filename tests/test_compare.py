@@ -653,6 +653,9 @@ def test_a_variant_without_a_tuned_rate_is_named_untuned_with_the_command_that_t
     _, err = plan(['--n_embd=128', '--compile=True', '--jobs=3'], shakespeare_char_dir, tmp_path / 'wider')
     assert 'gelu, relu2, swiglu, polyrelu, polynorm, la, moa, moa_glu run untuned' in err
     assert 'rates tuned at other settings' in err and ' --n_embd=128` tunes them' in err  # not how the runs run
+    _, err = plan(['--variants=polyrelu,polyrelu:poly_order=2', '--baseline=polyrelu'], shakespeare_char_dir,
+                  tmp_path / 'own')  # a baseline of the user's: the sweep needs it too, or it refuses the variants
+    assert '--variants=polyrelu,polyrelu:poly_order=2 --baseline=polyrelu` tunes it' in err
     summary = {**json.load(open(os.path.join(REPO, 'results', 'compare_shakespeare_char', 'summary.json'))),
                'untuned': ['xielu'], 'untuned_note': 'xielu runs untuned, at the shared learning_rate 2e-3 (...).'}
     report.write_markdown(str(tmp_path / 'summary.md'), summary)
@@ -671,7 +674,8 @@ def test_a_sweep_refuses_a_variant_that_carries_its_own_rate():
 @pytest.mark.parametrize('argv, words', [
     (['--variants=gelu@1e-3,gelu@2e-3'], 'names gelu twice'),
     (['--variants=gelu,gelu@8e-3'], 'names gelu twice'),
-    (['--tuned_lrs=gleu@8e-3'], "unknown ffn 'gleu'"),
+    (['--tuned_lrs=gleu@8e-3'], r"^--tuned_lrs: unknown ffn 'gleu' \(did you mean 'gelu'\?\)"),  # where it was typed
+    (['--variants=gelu,polyrelu:poly_order=9'], r"^--variants' polyrelu:poly_order=9: --poly_order must be 2, 3 or 4"),
     (['--tuned_lrs=gelu'], "'gelu' carries no rate"),
     (['--variants=gelu@8e-3', '--eval_iters=1'], 'eval_iters of at least 2'),
 ])

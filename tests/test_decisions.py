@@ -754,6 +754,7 @@ def test_the_edges_of_a_models_settings_are_accepted(changes):
 FFN_WIDTH = "must be positive and give an FFN 1 to 2**63 - 1 units wide."
 MODEL_REFUSED = [
     (dict(ffn='nope'), f"unknown ffn 'nope'; choose one of: {', '.join(VARIANTS)}."),
+    (dict(ffn='PolyNorm'), f"unknown ffn 'PolyNorm' (did you mean 'polynorm'?); choose one of: {', '.join(VARIANTS)}."),
     (dict(norm='batchnorm'), "--norm must be rmsnorm or layernorm, --pos rope or learned."),
     (dict(pos='alibi'), "--norm must be rmsnorm or layernorm, --pos rope or learned."),
     (dict(n_embd=64, n_head=3), "--n_embd=64 must be divisible by --n_head=3."),
