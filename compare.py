@@ -448,7 +448,8 @@ class Curves:
                                         for v in variants})
         summary, by_variant = report.summarize(head, done, shapes_of(self.cfg, done, variants), scored_by(self.comp))
         plots.loss(os.path.join(self.cfg['out_dir'], 'loss.png'), summary, by_variant, self.cfg['smooth'])
-        self.pbar.write(f"compare: so far, {len(done)} finished run(s) (loss.png drawn; the report follows at the "
+        at = ' at the shared rate' * self.one_rate
+        self.pbar.write(f"compare: so far, {len(done)} finished run(s){at} (loss.png drawn; the report follows at the "
                         f"end):\n{report.table(summary)}", file=sys.stderr)
 
 
@@ -577,6 +578,8 @@ def write_report(cfg, comp, runs, fresh):
         write_json(os.path.join(cfg['out_dir'], 'summary.json'), summary)
         report.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), summary)
     print('\n' + report.table(summary))
+    if summary['scored_on'] == 'report half':  # a run's own last line scores it on every window
+        print("final val loss: on the second half of the validation windows, which no choice of rate reads")
     if summary['seed_std'] is not None:
         print(f"seed std of the final val loss {summary['seed_std']:.4f}, of the paired differences "
               f"{report.fmt_loss(summary['paired_diff_std'])}")
@@ -600,7 +603,11 @@ def run_ladder(cfg):
         runs = grid_runs(size_cfg, comp)
         to_do(size_cfg, runs)
         steps.append((size_cfg, comp, runs))
-    summaries = [run_comparison(*step) for step in steps]
+    summaries = []
+    for size, step in zip(sizes, steps):
+        if not cfg['plan']:  # each size's table on stdout, under its name
+            print(f"\n## size {size['name']}")
+        summaries.append(run_comparison(*step))
     if cfg['plan']:  # the runs of every size are listed; the ladder's report waits for them
         return
     lad = ladder.summarize(cfg, sizes, summaries)
@@ -613,6 +620,9 @@ def run_ladder(cfg):
 
 def main(argv):
     cfg = settings(argv)
+    if cfg['lr_decay_iters'] > cfg['max_iters']:  # a config's schedule, kept when --max_iters shortens its runs
+        print(f"compare: note: lr_decay_iters={cfg['lr_decay_iters']} lies past max_iters={cfg['max_iters']}, so the "
+              f"rate never decays to min_lr; --lr_decay_iters=0 ends the schedule with the runs.", file=sys.stderr)
     if cfg['sizes']:
         return run_ladder(cfg)
     if cfg['tokens_per_param'] or cfg['lr_rule'] != 'fixed':

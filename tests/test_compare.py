@@ -176,6 +176,7 @@ def test_outputs(compared):
     matched = md.split('## Compute- and time-matched')[1].split('## ')[0]
     assert '| moa |' in matched and '| gelu |' not in matched
     assert '| gelu |' in stdout and '| moa |' in stdout  # the table is printed at the end
+    assert 'second half of the validation windows' not in stdout  # one shared rate: scored on every window
     assert 'Seed noise' in md and 'moa' in md.split('What the learnable activations learned')[1]
     # each run kept its quietened output and the settings it was started with
     rec = json.load(open(os.path.join(run_dir(out, 'moa', SEEDS[1]), 'compare.json')))
@@ -653,6 +654,10 @@ def test_a_variant_without_a_tuned_rate_is_named_untuned_with_the_command_that_t
     _, err = plan(['--n_embd=128', '--compile=True', '--jobs=3'], shakespeare_char_dir, tmp_path / 'wider')
     assert 'gelu, relu2, swiglu, polyrelu, polynorm, la, moa, moa_glu run untuned' in err
     assert 'rates tuned at other settings' in err and ' --n_embd=128` tunes them' in err  # not how the runs run
+    assert 'lr_decay_iters' not in err
+    _, err = plan(['--max_iters=40'], shakespeare_char_dir, tmp_path / 'short')  # the config's schedule runs to 300
+    assert ('compare: note: lr_decay_iters=300 lies past max_iters=40, so the rate never decays to min_lr; '
+            '--lr_decay_iters=0 ends the schedule with the runs.') in err
     _, err = plan(['--variants=polyrelu,polyrelu:poly_order=2', '--baseline=polyrelu'], shakespeare_char_dir,
                   tmp_path / 'own')  # a baseline of the user's: the sweep needs it too, or it refuses the variants
     assert '--variants=polyrelu,polyrelu:poly_order=2 --baseline=polyrelu` tunes it' in err

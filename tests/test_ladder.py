@@ -103,8 +103,10 @@ def test_tiny_ladder_with_tuned_rates_end_to_end_and_reused(shakespeare_char_dir
     argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--variants=gelu,polynorm', '--seeds=2',
             f'--sizes={",".join(sizes)}', '--lrs=', '--lr_grid=1', '--lr_extend=False', '--learning_rate=4e-3',
             '--min_lr=4e-4', *TINY]
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()) as printed, contextlib.redirect_stderr(io.StringIO()):
         compare.main(argv)
+    headed = [line for line in printed.getvalue().splitlines() if line.startswith(('## size', '| variant'))]
+    assert headed == [h for s in sizes for h in (f'## size {s}', headed[1])]  # each size's table under its name
     with open(os.path.join(out, 'summary.json')) as f:
         lad = json.load(f)
     assert [s['name'] for s in lad['sizes']] == sizes

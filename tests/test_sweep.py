@@ -207,6 +207,8 @@ def test_a_tiny_sweep_end_to_end_reused_and_planned(shakespeare_char_dir, tmp_pa
     assert '= 4 runs' in err and '(4 to reuse, 0 to train)' in err
     assert sum(p.endswith('log.jsonl') for p in opened) == sum(p.endswith('ckpt.pt') for p in opened) == 16
     assert set(opened.values()) == {1}, opened
+    compare.main(argv)  # the table says what its loss is: not the runs' own last lines, scored on every window
+    assert 'final val loss: on the second half of the validation windows' in capsys.readouterr().out
     with contextlib.redirect_stdout(io.StringIO()) as plan:
         code, err = call(compare.main, [a.replace(str(out), str(tmp_path / 'fresh')) for a in argv] + ['--plan'], capsys)
     lines = plan.getvalue().splitlines()
