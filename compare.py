@@ -107,11 +107,12 @@ def tuned_rates(cfg, variants, own, overrides):
     repeated = {'variants', 'baseline', 'data_dir', 'nproc_per_run', *keys_that('id')} - {'seed'}
     args = [f"--variants={','.join(variant_rates(split_arg(a)[2], 'variants'))}" if key(a) == 'variants' else a
             for a in overrides or [] if key(a) in repeated]
+    args = list({key(a): a for a in args}.values())  # a key given twice: its last value, as the command reads it
     args += ['--lr_grid=2'] if any(key(a) == 'learning_rate' for a in args) else []
-    sweep = (f"python compare.py {cfg['tuned_by']}" + ''.join(f' {a}' for a in args)
-             if cfg['tuned_by'] and overrides is not None else "the same command with a sweep, e.g. --lr_grid=2")
+    sweep = (f"`python compare.py {cfg['tuned_by']}" + ''.join(f' {a}' for a in args) + '`'
+             if cfg['tuned_by'] and overrides is not None else "the same command with a sweep (e.g. --lr_grid=2)")
     return rates, (f"{', '.join(untuned)} run{'s' * (len(untuned) == 1)} untuned, at the shared learning_rate "
-                   f"{report.fmt_rate(cfg['learning_rate'])} ({why}); `{sweep}` tunes "
+                   f"{report.fmt_rate(cfg['learning_rate'])} ({why}); {sweep} tunes "
                    f"{'it' if len(untuned) == 1 else 'them'}.")
 
 
@@ -338,8 +339,8 @@ class Job:
                             f"--overwrite=True.")
         how = f"resumed from iteration {self.resumed_from}" if self.resumed_from is not None else 'trained'
         line = f"{self.name}: {how} in {time.time() - self.t0:.0f} s"
-        if run.state == 'diverged':
-            return run, line + f", DIVERGED: {tail}"
+        if run.state == 'diverged':  # why, without train.py's advice to resume: here it is the rate's outcome
+            return run, line + f", DIVERGED: {tail.removeprefix('stopped: ').split('; ')[0]} (its result at this rate)"
         val = run.final()
         return run, line + (f", final val loss {val:.4f} (all windows)" if val is not None else '')
 

@@ -275,13 +275,16 @@ def test_only_a_diverged_run_is_an_outcome(tmp_path):
     assert scan_state(spec) == 'mismatch'  # but a failed try that trained some says what it was
     os.remove(job.log_path)
     diverged = "the training loss became non-finite (nan) at iteration 3, so the run stopped"
-    notes = {os.path.join(spec['dir'], 'diverged.txt'): diverged, job.out_path: f"$ train.py\nstopped: {diverged}"}
+    advice = "; lower learning_rate, set grad_clip, or use another dtype, then resume or start again."
+    notes = {os.path.join(spec['dir'], 'diverged.txt'): diverged,
+             job.out_path: f"$ train.py\nstopped: {diverged}{advice}"}
     for path, text in notes.items():
         with open(path, 'w') as f:
             f.write(text + '\n')
     job.proc.returncode = 1  # a divergence as torchrun reports it (a DDP run's process exited 3)
     run, line = job.finish()
-    assert line.endswith(f'DIVERGED: stopped: {diverged}') and run.state == 'diverged' == scan_state(spec)
+    assert line.endswith(f'DIVERGED: {diverged} (its result at this rate)')  # not train.py's advice to resume
+    assert run.state == 'diverged' == scan_state(spec)
 
 
 def test_a_run_without_a_checkpoint_does_not_make_the_times_mixed(tmp_path):
@@ -655,9 +658,10 @@ def test_a_variant_without_a_tuned_rate_is_named_untuned_with_the_command_that_t
     assert 'gelu, relu2, swiglu, polyrelu, polynorm, la, moa, moa_glu run untuned' in err
     assert 'rates tuned at other settings' in err and ' --n_embd=128` tunes them' in err  # not how the runs run
     assert 'lr_decay_iters' not in err
-    _, err = plan(['--max_iters=40'], shakespeare_char_dir, tmp_path / 'short')  # the config's schedule runs to 300
+    _, err = plan(['--max_iters=30', '--max_iters=40'], shakespeare_char_dir, tmp_path / 'short')  # schedule: 300
     assert ('compare: note: lr_decay_iters=300 lies past max_iters=40, so the rate never decays to min_lr; '
             '--lr_decay_iters=0 ends the schedule with the runs.') in err
+    assert ' --max_iters=40` tunes them.' in err and '--max_iters=30' not in err  # given twice: its last value
     _, err = plan(['--variants=polyrelu,polyrelu:poly_order=2', '--baseline=polyrelu'], shakespeare_char_dir,
                   tmp_path / 'own')  # a baseline of the user's: the sweep needs it too, or it refuses the variants
     assert '--variants=polyrelu,polyrelu:poly_order=2 --baseline=polyrelu` tunes it' in err
