@@ -35,7 +35,7 @@ from machinery.files import check_writable, ctrl_c_held, remove_dead_temps, writ
 from machinery.fingerprint import IDEAS, code_hash
 from machinery.lock import HELD, LOCK, LOCK_FD_ENV, try_lock_run_dir
 from machinery.progress import progress_bar
-from machinery.run_log import LOG, clear_diverged, codes_of, parse_record
+from machinery.run_log import DIVERGED_HINT, LOG, clear_diverged, codes_of, parse_record
 from comparison.ladder import scale_counts
 from comparison.runs import (FINISHED, INTENT, TRAIN_OUT, at_rate, check_variants, command_line, make_run, meta_model,
                              scan, tuning_key, variant_rates, variant_settings)
@@ -48,8 +48,7 @@ COMPARE_DEFAULTS = dict(
     seeds=1,  # number of seeds per variant: seed, seed+1, ...
     baseline='',  # the variant the others are compared with; '' = the first of variants
     smooth=0.9,  # EMA factor for the plotted training loss (per log line), 0 = raw
-    jobs=0,  # runs trained at the same time; 0 = chosen and said on stderr: one per nproc_per_run visible GPUs (a tiny
-    # model: several per GPU), or one per --threads CPU cores
+    jobs=0,  # runs at once; 0 = one per nproc_per_run GPUs (tiny models share one), else per --threads cores
     threads=0,  # OMP_NUM_THREADS for each run; 0 = leave the environment's setting
     sizes='',  # '' = one size (n_layer, n_embd, n_head as set); e.g. 2x64,3x96,4x128 (n_layer x n_embd [x n_head])
     tokens_per_param=0.0,  # 0 = max_iters at every size; K > 0: K tokens per non-embedding parameter of the baseline
@@ -157,7 +156,9 @@ def check_comparison(cfg, overrides=None):
                 check({**cfg, **variant_settings(v), **(at_rate(cfg, lr) if lr is not None else {}),
                        'seed': (fresh or seeds)[-1]})
             except UserError as e:  # a setting the variant carries (polyrelu:poly_order=9) is said as the variant's
-                raise UserError(f"--variants' {v}: {e}") if ':' in v else e from None
+                if any(f'--{k}' in str(e) for k in variant_settings(v) if k != 'ffn'):
+                    raise UserError(f"--variants: variant '{v}': {e}") from None
+                raise
     return dict(variants=variants, seeds=seeds, fresh_seeds=fresh, baseline=baseline, grid=grid, rates=rates,
                 untuned=untuned)
 
@@ -339,8 +340,9 @@ class Job:
                             f"--overwrite=True.")
         how = f"resumed from iteration {self.resumed_from}" if self.resumed_from is not None else 'trained'
         line = f"{self.name}: {how} in {time.time() - self.t0:.0f} s"
-        if run.state == 'diverged':  # why, without train.py's advice to resume: here it is the rate's outcome
-            return run, line + f", DIVERGED: {tail.removeprefix('stopped: ').split('; ')[0]} (its result at this rate)"
+        if run.state == 'diverged':  # why, but not train.py's advice to resume: it is the rate's result here
+            why, hint, _ = tail.removeprefix('stopped: ').partition('; ' + DIVERGED_HINT)
+            return run, line + f", DIVERGED: {why}" + (' (its result at this rate)' if hint else '')
         val = run.final()
         return run, line + (f", final val loss {val:.4f} (all windows)" if val is not None else '')
 
@@ -449,7 +451,7 @@ class Curves:
                                         for v in variants})
         summary, by_variant = report.summarize(head, done, shapes_of(self.cfg, done, variants), scored_by(self.comp))
         plots.loss(os.path.join(self.cfg['out_dir'], 'loss.png'), summary, by_variant, self.cfg['smooth'])
-        at = ' at the shared rate' * self.one_rate
+        at = ' at the shared rate' if self.one_rate else ''
         self.pbar.write(f"compare: so far, {len(done)} finished run(s){at} (loss.png drawn; the report follows at the "
                         f"end):\n{report.table(summary)}", file=sys.stderr)
 
@@ -621,7 +623,7 @@ def run_ladder(cfg):
 
 def main(argv):
     cfg = settings(argv)
-    if cfg['lr_decay_iters'] > cfg['max_iters']:  # a config's schedule, kept when --max_iters shortens its runs
+    if cfg['lr_decay_iters'] > cfg['max_iters'] and cfg['schedule'] != 'constant':  # a config's, kept as runs shorten
         print(f"compare: note: lr_decay_iters={cfg['lr_decay_iters']} lies past max_iters={cfg['max_iters']}, so the "
               f"rate never decays to min_lr; --lr_decay_iters=0 ends the schedule with the runs.", file=sys.stderr)
     if cfg['sizes']:

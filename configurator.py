@@ -5,6 +5,7 @@ model.GPTConfig; how a command line and config files set them is machinery/cli.p
 """
 import math
 import os
+import re
 from collections import namedtuple
 from dataclasses import replace
 from decimal import Decimal
@@ -100,7 +101,8 @@ def keys_that(what):
 def refusal(e):
     """activations.py's ValueError as a command line's sentence: a key it names first is the flag that sets it."""
     text = str(e).rstrip('.')
-    return UserError(f"--{text}." if text.split()[0] in SETTINGS else f"{text}.")
+    key = re.match(r'\w*', text)[0]  # poly_order must be ..., la_init=onehot starts ...
+    return UserError(f"--{text}." if key in SETTINGS else f"{text}.")
 
 
 MAX_SEED = 2**31 - 1  # numpy seeds take 32 bits; DDP ranks add their rank to the seed

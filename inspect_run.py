@@ -34,13 +34,13 @@ DEFAULTS = dict(
 
 def main(argv):
     cfg, _ = parse_args(DEFAULTS, argv, prog='inspect_run.py', doc=__doc__.split('\n\n')[1], notes=[__file__])
+    if cfg['threads'] < 0:
+        raise UserError(f"--threads must not be negative, got {cfg['threads']}.")
     if os.path.isdir(cfg['out_dir']):  # no folder: no checkpoint, which inspect says
         check_writable(cfg['out_dir'])  # acts.png and acts.json go there: say so before the work, not after
     if codes_of(read_log_lines(os.path.join(cfg['out_dir'], LOG))[0]) - {code_hash(), None}:
         print(f"note: {cfg['out_dir']} trained with other code of {' or '.join(IDEAS)} than they hold now; its φ is "
               f"drawn with the code as it is now.", file=sys.stderr)
-    if cfg['threads'] < 0:
-        raise UserError(f"--threads must not be negative, got {cfg['threads']}.")
     set_threads(cfg['threads'])  # a thread per core, torch's own default, crawls beside any other busy process
     report = inspect(cfg['out_dir'], cfg['data_dir'], cfg['bins'], resolve_device(cfg['device']))
     if report['damaged_lines']:

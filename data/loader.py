@@ -141,8 +141,12 @@ class DataLoader:
             command = PREPARE_COMMANDS.get(dataset, f"python data/text/prepare.py --input=YOUR_FILES --name={dataset}")
             if os.path.abspath(self.dir) != os.path.join(DATA_DIR, dataset):
                 command += f" --out_dir={self.dir}"
-            known = [*PREPARE_COMMANDS, *(os.listdir(data_dir) if os.path.isdir(data_dir) else [])]
-            close = difflib.get_close_matches(dataset, known, n=1, cutoff=0.8)  # a typo: 'shakespear'
+            try:  # a typo of a known dataset or of a folder in data_dir: 'shakespear'
+                known = {*PREPARE_COMMANDS, *(d for d in os.listdir(data_dir)
+                                              if os.path.isdir(os.path.join(data_dir, d)))}
+            except OSError:  # no such folder, or not one to read
+                known = set(PREPARE_COMMANDS)
+            close = difflib.get_close_matches(dataset, sorted(known - {dataset}), n=1, cutoff=0.8)
             raise DatasetNotPrepared(f"dataset {dataset} is not prepared in {self.dir}; run `{command}` first"
                                      + (f" (or did you mean --dataset={close[0]}?)." if close else "."))
         self.meta = read_meta(meta_path)

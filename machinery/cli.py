@@ -120,7 +120,7 @@ def reading(path, hint, cause='it is damaged or not written by nanoFFN'):
     except UserError:
         raise
     except Exception as e:
-        why = textwrap.shorten(f"{type(e).__name__}: {e}", 200, placeholder=' ...').rstrip('.')
+        why = textwrap.shorten(f"{type(e).__name__}: {str(e).rstrip('.')}", 200, placeholder=' ...')
         raise UserError(f"cannot use {path} ({why}), so {cause}; {hint}.") from None
 
 

@@ -41,6 +41,9 @@ def setup(name, dtype):
         raise UserError(f"--device={name} under torchrun: each process takes the GPU of its LOCAL_RANK; pass "
                         f"--device=cuda, and choose the GPUs with CUDA_VISIBLE_DEVICES.")
     if resolved.startswith('cuda'):
+        if local_rank >= (n := torch.cuda.device_count()):
+            raise UserError(f"torchrun started more processes on this machine than its {n} CUDA GPU(s) (LOCAL_RANK "
+                            f"{local_rank}); pass --nproc_per_node={n} or less.")
         name = f'cuda:{local_rank}'
     name, dtype = device.use(name, dtype)
     # device_id binds the group to this rank's GPU at once (NCCL then need not guess it)

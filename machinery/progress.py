@@ -12,19 +12,22 @@ PLAIN_EVERY = 30.0  # seconds between plain progress lines when stderr is a log 
 
 class _Lines:
     """stderr for a bar where it is not a terminal (a Slurm output file, a compare run's train.out, a pipe): a
-    redrawn bar would fill the log with carriage returns, so a redraw ('\r' + text) only keeps the bar's newest text,
-    printed as a plain line once PLAIN_EVERY seconds have passed since the last one, and as the bar closes ('\n').
-    A bar closed with leave=False (a command that stops) prints nothing more."""
+    redrawn bar would fill the log with carriage returns, so a redraw ('\\r' + text) is a plain line once PLAIN_EVERY
+    seconds have passed since the last one, and the bar's close ('\\n') one more where the bar moved since. A bar
+    closed with leave=False (a command that stops) prints nothing more: tqdm's blank redraws clear a bar."""
 
     def __init__(self):
-        self.text, self.shown = None, time.time()
+        self.bar, self.text, self.shown, self.shown_n = None, '', time.time(), None
 
     def write(self, text):
-        if text.strip():  # a redraw; tqdm's blank ones clear a bar
-            self.text = text.strip()
-        if self.text and (text == '\n' or text.strip() and time.time() - self.shown >= PLAIN_EVERY):
+        self.text = text.strip() or self.text  # the bar's newest text
+        if text.strip():
+            due = time.time() - self.shown >= PLAIN_EVERY
+        else:
+            due = text == '\n' and self.bar is not None and self.bar.n != self.shown_n
+        if due:
             print(self.text, file=sys.stderr, flush=True)
-            self.text, self.shown = None, time.time()
+            self.shown, self.shown_n = time.time(), self.bar.n
 
     def flush(self):
         pass
@@ -33,6 +36,9 @@ class _Lines:
 def progress_bar(total, desc, initial=0, unit='it', disable=False):
     """A tqdm bar on stderr, redrawn at most twice a second on a terminal; elsewhere its text without the bar (ncols=0)
     as occasional plain lines (_Lines)."""
-    tty = sys.stderr.isatty()
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable, mininterval=0.5,
-                file=sys.stderr if tty else _Lines(), dynamic_ncols=tty, ncols=None if tty else 0)
+    tty, lines = sys.stderr.isatty(), _Lines()
+    bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable, mininterval=0.5,
+               file=sys.stderr if tty else lines, dynamic_ncols=tty, ncols=None if tty else 0,
+               position=None if tty else 0)  # lines: no moving between the rows of several bars
+    lines.bar = bar  # its count tells whether a closing line would say something new
+    return bar

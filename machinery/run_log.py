@@ -21,9 +21,12 @@ from machinery.files import append_lines, remove_dead_temps, write_text
 LOG = 'log.jsonl'
 DIVERGED = 'diverged.txt'  # why the run diverged (train.py), its outcome at these settings; a new try removes it
 DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
-PICTURES = ('acts.png', 'acts.json')  # what inspect_run.py draws of a run, from its checkpoint
+PICTURES = ('acts.png', 'acts.json')  # a run's pictures (inspect_run.py's, a comparison's of its first seed)
+
+
 def codes_of(records):
-    """The codes (fingerprint.code_hash) a run's tries trained with, as each try's first log line names it (None: not named)."""
+    """The codes (fingerprint.code_hash) a run's tries trained with, as each try's first log line names it (None: not
+    named)."""
     return {r['env'].get('code') for r in records if isinstance(r.get('env'), dict)}
 
 
@@ -92,9 +95,10 @@ def open_for_try(out_dir, saved_iter):
     clear_diverged(out_dir)
     remove_dead_temps(out_dir)  # a save killed mid-write
     lines = truncate_log(os.path.join(out_dir, LOG), -1 if saved_iter is None else saved_iter)
-    for name in (CKPT, *PICTURES) if saved_iter is None else ():
-        with suppress(FileNotFoundError):
-            os.remove(os.path.join(out_dir, name))
+    if saved_iter is None:
+        for name in (CKPT, *PICTURES):
+            with suppress(FileNotFoundError):
+                os.remove(os.path.join(out_dir, name))
     return lines
 
 

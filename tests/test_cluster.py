@@ -328,6 +328,13 @@ def test_plain_progress_lines_are_occasional(monkeypatch, capsys):
     assert [line.split(' [')[0] for line in lines] == ['train:  30% 3/10', 'train:  60% 6/10', 'train:  90% 9/10',
                                                        'train: 100% 10/10']
     assert lines[-1].endswith('loss=1]')
+    ended = progress.progress_bar(3, 'runs')
+    for i in range(3):
+        now += 30.0  # each update a line, the last at 3/3: the close adds none
+        ended.update()
+    ended.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(' [')[0] for line in lines] == ['runs:  33% 1/3', 'runs:  67% 2/3', 'runs: 100% 3/3']
     stopped = progress.progress_bar(10, 'train')
     stopped.update()
     now += 40.0  # a long evaluation that fails

@@ -285,6 +285,12 @@ def test_only_a_diverged_run_is_an_outcome(tmp_path):
     run, line = job.finish()
     assert line.endswith(f'DIVERGED: {diverged} (its result at this rate)')  # not train.py's advice to resume
     assert run.state == 'diverged' == scan_state(spec)
+    at_init = ("the untrained model's validation loss is nan, before any step, so the run stopped; its forward "
+               "computes a non-finite value at its init: check the code it runs (activations.py, model.py), or use "
+               "another dtype.")
+    with open(job.out_path, 'w') as f:  # no rate's doing: said whole, the code to check included
+        f.write(f"$ train.py\nstopped: {at_init}\n")
+    assert job.finish()[1].endswith(f'DIVERGED: {at_init}')
 
 
 def test_a_run_without_a_checkpoint_does_not_make_the_times_mixed(tmp_path):
@@ -684,7 +690,8 @@ def test_a_sweep_refuses_a_variant_that_carries_its_own_rate():
     (['--variants=gelu@1e-3,gelu@2e-3'], 'names gelu twice'),
     (['--variants=gelu,gelu@8e-3'], 'names gelu twice'),
     (['--tuned_lrs=gleu@8e-3'], r"^--tuned_lrs: unknown ffn 'gleu' \(did you mean 'gelu'\?\)"),  # where it was typed
-    (['--variants=gelu,polyrelu:poly_order=9'], r"^--variants' polyrelu:poly_order=9: --poly_order must be 2, 3 or 4"),
+    (['--variants=gelu,polyrelu:poly_order=9'], r"^--variants: variant 'polyrelu:poly_order=9': --poly_order must"),
+    (['--variants=polyrelu:poly_order=2,gelu', '--n_head=3'], r"^--n_embd=64 must be divisible by --n_head=3"),
     (['--tuned_lrs=gelu'], "'gelu' carries no rate"),
     (['--variants=gelu@8e-3', '--eval_iters=1'], 'eval_iters of at least 2'),
 ])

@@ -478,7 +478,9 @@ def test_missing_dataset_names_the_prepare_command(tmp_path):
 def test_a_misspelt_dataset_is_pointed_to_the_one_meant(tmp_path):
     """A typo of a known dataset (or of a folder in data_dir) is not taken for a text of the user's own to prepare."""
     (tmp_path / "my_corpus").mkdir()
-    for typo, meant in (("shakespear", "shakespeare"), ("my_corpos", "my_corpus"), ("novels", None)):
+    (tmp_path / "notes.txt").write_text("a file, no dataset")
+    for typo, meant in (("shakespear", "shakespeare"), ("my_corpos", "my_corpus"), ("novels", None),
+                        ("openwebtext", None), ("notes.tx", None)):  # itself not prepared yet, a file: no hint
         with pytest.raises(DatasetNotPrepared) as err:
             DataLoader(typo, 8, 2, 0, data_dir=str(tmp_path))
         assert str(err.value).endswith(f"first (or did you mean --dataset={meant}?)." if meant else "first.")

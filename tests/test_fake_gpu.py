@@ -67,10 +67,15 @@ def test_under_torchrun_each_rank_takes_its_local_gpu_and_joins_nccl(fake_gpu, m
     monkeypatch.setattr(dist, 'init_process_group', lambda **kw: joined.append(kw))
     for key, value in dict(RANK=6, LOCAL_RANK=2, WORLD_SIZE=8).items():
         monkeypatch.setenv(key, str(value))
-    assert distributed.setup('cuda', 'auto') == Compute('cuda:2', 'bfloat16', ddp=True, rank=6, local_rank=2, world_size=8)
+    assert distributed.setup('cuda', 'auto') == Compute('cuda:2', 'bfloat16', ddp=True, rank=6, local_rank=2,
+                                                        world_size=8)
     assert joined == [dict(backend='nccl', device_id=torch.device('cuda:2'))] and devices_set == [2]
-    with pytest.raises(UserError, match=r'--device=cuda:1 under torchrun: each process takes the GPU of its LOCAL_RANK'):
+    with pytest.raises(UserError, match=r'--device=cuda:1 under torchrun: each process takes the GPU of its'):
         distributed.setup('cuda:1', 'auto')  # refused, not silently replaced by cuda:2
+    monkeypatch.setenv('LOCAL_RANK', '5')  # --nproc_per_node=8 on a machine of 4 GPUs
+    with pytest.raises(UserError, match=r'^torchrun started more processes on this machine than its 4 CUDA GPU\(s\) '
+                                        r'\(LOCAL_RANK 5\); pass --nproc_per_node=4 or less\.$'):
+        distributed.setup('cuda', 'auto')
     assert len(joined) == 1
 
 

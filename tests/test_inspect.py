@@ -173,7 +173,7 @@ def test_inspect_takes_its_cpu_threads_as_every_command_does(shakespeare_char_di
         torch.set_num_threads(threads)
     with pytest.raises(SystemExit) as e:
         run_cli(inspect_run.main, [f'--out_dir={run}', '--threads=-1'])
-    assert e.value.code == 2 and capsys.readouterr().err.endswith("--threads must not be negative, got -1.\n")
+    assert e.value.code == 2 and capsys.readouterr().err == "error: --threads must not be negative, got -1.\n"
 
 
 @pytest.mark.parametrize('model_args', [dict(ffn='la', la_init='mean'), dict(ffn='polynorm'), dict(ffn='moa_glu'),

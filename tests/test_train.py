@@ -385,6 +385,19 @@ def test_run_cli_exit_codes(capsys):
     assert capsys.readouterr().err == 'error: something is wrong; fix it.\n'
 
 
+def test_a_file_that_cannot_be_used_is_one_sentence_cut_at_a_word():
+    """cli.reading: any failure to use a file nanoFFN wrote becomes one sentence naming the file; a long cause is cut
+    at a word, with a mark that it was cut, never to nothing."""
+    missing = RuntimeError('Missing key(s): ' + ', '.join(f'"transformer.h.{i}.ffn.act.s"' for i in range(12)) + '.')
+    for error, cause in ((missing, 'RuntimeError: Missing key(s):'), (RuntimeError('x' * 300), 'RuntimeError: ...')):
+        with pytest.raises(UserError) as e:
+            with cli.reading('out/ckpt.pt', 'train the run again'):
+                raise error
+        said = str(e.value)
+        assert said.startswith(f"cannot use out/ckpt.pt ({cause}") and said.endswith(
+            " ...), so it is damaged or not written by nanoFFN; train the run again.")
+
+
 def test_a_closed_stdout_pipe_ends_quietly():
     """`python sample.py ... | head`: no BrokenPipeError traceback, the shell's status for SIGPIPE."""
     code = 'from machinery.cli import run_cli; run_cli(lambda argv: [print("x" * 1000) for _ in range(100000)])'
