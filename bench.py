@@ -100,7 +100,7 @@ def setup(cfg):
     for v in variants:
         check({**shared, "ffn": v})
     if cfg["threads"] > 0:  # before compiling: Inductor's C++ kernels take their OpenMP thread count then
-        torch.set_num_threads(cfg["threads"])
+        device.set_threads(cfg["threads"])
     dev, dtype = device.use(cfg["device"], cfg["dtype"], mps=False)  # train.py's device; auto never picks MPS
     if dtype == "float16":  # float16 trains with a loss scaler, which bench's step leaves out
         raise UserError(f"bench.py measures float32 and bfloat16, not float16 (--dtype={cfg['dtype']} on "

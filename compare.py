@@ -452,8 +452,10 @@ class Curves:
         summary, by_variant = report.summarize(head, done, shapes_of(self.cfg, done, variants), scored_by(self.comp))
         plots.loss(os.path.join(self.cfg['out_dir'], 'loss.png'), summary, by_variant, self.cfg['smooth'])
         at = ' at the shared rate' if self.one_rate else ''
+        half = ('\nfinal val loss: on the second half of the validation windows'  # as under the final table
+                if scored_by(self.comp) is report.REPORT_HALF else '')
         self.pbar.write(f"compare: so far, {len(done)} finished run(s){at} (loss.png drawn; the report follows at the "
-                        f"end):\n{report.table(summary)}", file=sys.stderr)
+                        f"end):\n{report.table(summary)}{half}", file=sys.stderr)
 
 
 def run_size(cfg, runs):
@@ -623,9 +625,6 @@ def run_ladder(cfg):
 
 def main(argv):
     cfg = settings(argv)
-    if cfg['lr_decay_iters'] > cfg['max_iters'] and cfg['schedule'] != 'constant':  # a config's, kept as runs shorten
-        print(f"compare: note: lr_decay_iters={cfg['lr_decay_iters']} lies past max_iters={cfg['max_iters']}, so the "
-              f"rate never decays to min_lr; --lr_decay_iters=0 ends the schedule with the runs.", file=sys.stderr)
     if cfg['sizes']:
         return run_ladder(cfg)
     if cfg['tokens_per_param'] or cfg['lr_rule'] != 'fixed':
@@ -633,6 +632,10 @@ def main(argv):
                         "add --sizes (e.g. --sizes=2x64,3x96,4x128) or drop them.")
     from_default = all(a.startswith('-') for a in argv)  # settings() began with the default config, whose sweep tunes
     comp = check_comparison(cfg, [a for a in argv if a.startswith('--')] if from_default else None)
+    decays = cfg['schedule'] != 'constant' and not cfg['report']  # a config's schedule, kept as --max_iters shortens
+    if decays and cfg['lr_decay_iters'] > cfg['max_iters']:
+        print(f"compare: note: lr_decay_iters={cfg['lr_decay_iters']} lies past max_iters={cfg['max_iters']}, so the "
+              f"rate never decays to min_lr; --lr_decay_iters=0 ends the schedule with the runs.", file=sys.stderr)
     run_comparison(cfg, comp, grid_runs(cfg, comp))
 
 

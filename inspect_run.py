@@ -38,11 +38,11 @@ def main(argv):
         raise UserError(f"--threads must not be negative, got {cfg['threads']}.")
     if os.path.isdir(cfg['out_dir']):  # no folder: no checkpoint, which inspect says
         check_writable(cfg['out_dir'])  # acts.png and acts.json go there: say so before the work, not after
-    if codes_of(read_log_lines(os.path.join(cfg['out_dir'], LOG))[0]) - {code_hash(), None}:
-        print(f"note: {cfg['out_dir']} trained with other code of {' or '.join(IDEAS)} than they hold now; its φ is "
-              f"drawn with the code as it is now.", file=sys.stderr)
     set_threads(cfg['threads'])  # a thread per core, torch's own default, crawls beside any other busy process
     report = inspect(cfg['out_dir'], cfg['data_dir'], cfg['bins'], resolve_device(cfg['device']))
+    if codes_of(read_log_lines(os.path.join(cfg['out_dir'], LOG))[0]) - {code_hash(), None}:  # drawn all the same
+        print(f"note: {cfg['out_dir']} trained with other code of {' or '.join(IDEAS)} than they hold now; its φ is "
+              f"drawn with the code as it is now.", file=sys.stderr)
     if report['damaged_lines']:
         print(f"warning: {report['damaged_lines']} damaged line(s) of {cfg['out_dir']}/log.jsonl set aside.",
               file=sys.stderr)

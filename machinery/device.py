@@ -46,6 +46,9 @@ def set_threads(threads):
         env = os.environ.get('OMP_NUM_THREADS', '')
         threads, why = (int(env), 'OMP_NUM_THREADS') if env.isascii() and env.isdigit() and int(env) > 0 else (
             max(1, cores // 2), 'half the cores, the default; --threads sets it')
+    if threads > 4 * cores:  # more only waits on itself, and torch crashes on a count past an int
+        raise UserError(f"{why.split(',')[0]}={threads} asks for more threads than 4 per core of this machine's "
+                        f"{cores}; give at most {4 * cores}.")
     torch.set_num_threads(threads)
     return f"{threads} CPU thread(s) of {cores} cores ({why})"
 

@@ -97,7 +97,7 @@ def open_for_try(out_dir, saved_iter):
     lines = truncate_log(os.path.join(out_dir, LOG), -1 if saved_iter is None else saved_iter)
     if saved_iter is None:
         for name in (CKPT, *PICTURES):
-            with suppress(FileNotFoundError):
+            with suppress(OSError):  # none there; or a folder of that name, which is the user's, left as it is
                 os.remove(os.path.join(out_dir, name))
     return lines
 

@@ -361,6 +361,22 @@ def test_the_code_a_run_logs_is_that_of_activations_and_model_comments_and_docst
     assert now() != fingerprint.code_hash()  # a statement indented into the loop: PolyNorm's first term only
 
 
+def test_the_code_fingerprint_counts_what_runs_and_nothing_else():
+    """Tokens decide: a string's text and the blocks indentation opens count; comments, docstrings, the spacing between
+    tokens, tabs for spaces and a line continued with a backslash do not. The same under every Python (an f-string is
+    one token, as before 3.12)."""
+    same = lambda a, b: fingerprint.code_tokens(a.encode()) == fingerprint.code_tokens(b.encode())
+    base = 'def f(a):\n    """Doc."""\n    x = a.split(",")\n    return f"{x} {a!r:>4}"\n'
+    for cosmetic in ('# note\ndef f( a ):  # why\n    """Other\n    doc."""\n    x=a.split( "," )\n    return f"{x} {a!r:>4}"\n',
+                     base.replace('    ', '\t'), base.replace('    """Doc."""\n', ''),
+                     base.replace('x = a', 'x = \\\n        a')):
+        assert same(base, cosmetic), cosmetic
+    for edit in (base.replace('split(",")', 'split(", ")'), base.replace('{x} {a', '{x}  {a'),
+                 base.replace('    return', '        return').replace('x = a.split(",")', 'for x in a:')):
+        assert not same(base, edit), edit
+    assert not same('def f():\n    "doc"; return 7\n', 'def f():\n    "doc"; return 8\n')  # code beside a docstring
+
+
 def test_a_run_trained_with_other_code_is_trained_again_never_reused_but_reported(shakespeare_char_dir, tmp_path,
                                                                                  capsys):
     """A learner edits a formula and runs the same comparison again: a finished run (or a diverged one) whose log

@@ -71,3 +71,12 @@ def test_a_checkpoint_of_other_code_that_no_longer_loads_says_so(tiny_run, tmp_p
     torch.save(ckpt, tmp_path / 'ckpt.pt')
     status, err = in_process(sample.main, [f'--out_dir={tmp_path}', '--device=cpu'], capsys)
     assert status == 2 and 'Missing key(s)' in err and cause in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_checkpoint_of_other_code_that_still_loads_samples_with_a_note(tiny_run, tmp_path, capsys):
+    """An edit that keeps the weights' shapes (a formula's constant, say): the model loads and samples, with the code
+    as it is now, and stderr says so, as inspect_run.py and a resume do."""
+    ckpt = torch.load(os.path.join(tiny_run, 'ckpt.pt'), weights_only=True)
+    torch.save({**ckpt, 'code': 'before an edit'}, tmp_path / 'ckpt.pt')
+    sample.main([f'--out_dir={tmp_path}', '--device=cpu', '--num_samples=1', '--max_new_tokens=4'])
+    assert 'was trained with other code of activations.py or model.py than they hold now' in capsys.readouterr().err

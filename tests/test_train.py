@@ -398,6 +398,23 @@ def test_a_file_that_cannot_be_used_is_one_sentence_cut_at_a_word():
             " ...), so it is damaged or not written by nanoFFN; train the run again.")
 
 
+def test_a_thread_count_past_4_per_core_is_refused_in_a_sentence(monkeypatch):
+    """torch.set_num_threads crashes the process (a segfault, or an overflow) on a count past an int: refused first,
+    from --threads or OMP_NUM_THREADS alike."""
+    from machinery import device
+    cores, threads = device.usable_cores(), torch.get_num_threads()
+    try:
+        with pytest.raises(UserError, match=rf"^--threads=99999999999 asks for more threads than 4 per core of this "
+                                            rf"machine's {cores}; give at most {4 * cores}\.$"):
+            device.set_threads(99999999999)
+        monkeypatch.setenv('OMP_NUM_THREADS', str(4 * cores + 1))
+        with pytest.raises(UserError, match=rf"^OMP_NUM_THREADS={4 * cores + 1} asks for more threads"):
+            device.set_threads(0)
+        assert device.set_threads(4 * cores).startswith(f"{4 * cores} CPU thread(s)")
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_closed_stdout_pipe_ends_quietly():
     """`python sample.py ... | head`: no BrokenPipeError traceback, the shell's status for SIGPIPE."""
     code = 'from machinery.cli import run_cli; run_cli(lambda argv: [print("x" * 1000) for _ in range(100000)])'
