@@ -32,7 +32,7 @@ from machinery.cli import RunStopped, UserError, parse_args, raise_terminated, r
 from machinery.device import resolve_device, resolve_dtype
 from machinery.speed import compile_cache_dir
 from machinery.files import check_writable, ctrl_c_held, remove_dead_temps, write_json
-from machinery.fingerprint import IDEAS, code_hash
+from machinery.fingerprint import IDEAS, OTHER_CODE, code_hash
 from machinery.lock import HELD, LOCK, LOCK_FD_ENV, try_lock_run_dir
 from machinery.progress import progress_bar
 from machinery.run_log import DIVERGED_HINT, LOG, clear_diverged, codes_of, parse_record
@@ -66,6 +66,7 @@ MAX_EXTEND = 3  # --lr_extend tries at most this many rates beyond each edge of 
 MAX_GRID = 10  # --lr_grid=K spans learning_rate x 2^-K .. 2^K: past 2^10 either way is a typo, not a sweep
 MAX_SEEDS = 100  # --seeds=K: K runs per variant and rate (a sweep's verdict K more); past 100 a typo, not a plan
 START = dict(scratch='scratch', resume='resume', mismatch='overwrite', retrain='overwrite')  # a run to do, by state
+REPORT_HALF_NOTE = 'final val loss: on the second half of the validation windows, which no choice of rate reads'
 
 
 def settings(argv):
@@ -452,8 +453,7 @@ class Curves:
         summary, by_variant = report.summarize(head, done, shapes_of(self.cfg, done, variants), scored_by(self.comp))
         plots.loss(os.path.join(self.cfg['out_dir'], 'loss.png'), summary, by_variant, self.cfg['smooth'])
         at = ' at the shared rate' if self.one_rate else ''
-        half = ('\nfinal val loss: on the second half of the validation windows'  # as under the final table
-                if scored_by(self.comp) is report.REPORT_HALF else '')
+        half = '\n' + REPORT_HALF_NOTE if scored_by(self.comp) is report.REPORT_HALF else ''  # as the final table
         self.pbar.write(f"compare: so far, {len(done)} finished run(s){at} (loss.png drawn; the report follows at the "
                         f"end):\n{report.table(summary)}{half}", file=sys.stderr)
 
@@ -550,7 +550,7 @@ def write_report(cfg, comp, runs, fresh):
                         f"which a table would pair as one; run the same command without --report and with "
                         f"--overwrite=True to train again those not of the code as it is now.")
     if codes and code_hash() not in codes:
-        print(f"compare: note: these runs trained with other code of {' or '.join(IDEAS)} than they hold now; "
+        print(f"compare: note: these runs trained with {OTHER_CODE}; "
               f"acts.png draws them with the code as it is now.", file=sys.stderr)
     shown = {k: cfg[k] for k in keys_that('shown')}  # whether chosen or left at train.py's defaults
     chosen = {k: cfg[k] for k in keys_that('id') if cfg[k] != configurator.DEFAULTS[k]
@@ -584,7 +584,7 @@ def write_report(cfg, comp, runs, fresh):
         report.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), summary)
     print('\n' + report.table(summary))
     if summary['scored_on'] == 'report half':  # a run's own last line scores it on every window
-        print("final val loss: on the second half of the validation windows, which no choice of rate reads")
+        print(REPORT_HALF_NOTE)
     if summary['seed_std'] is not None:
         print(f"seed std of the final val loss {summary['seed_std']:.4f}, of the paired differences "
               f"{report.fmt_loss(summary['paired_diff_std'])}")

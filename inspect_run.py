@@ -20,7 +20,7 @@ from comparison.acts import inspect, short_label, write
 from machinery.cli import UserError, parse_args, run_cli
 from machinery.device import resolve_device, set_threads
 from machinery.files import check_writable
-from machinery.fingerprint import IDEAS, code_hash
+from machinery.fingerprint import OTHER_CODE, code_hash
 from machinery.run_log import LOG, codes_of, read_log_lines
 
 DEFAULTS = dict(
@@ -41,8 +41,8 @@ def main(argv):
     set_threads(cfg['threads'])  # a thread per core, torch's own default, crawls beside any other busy process
     report = inspect(cfg['out_dir'], cfg['data_dir'], cfg['bins'], resolve_device(cfg['device']))
     if codes_of(read_log_lines(os.path.join(cfg['out_dir'], LOG))[0]) - {code_hash(), None}:  # drawn all the same
-        print(f"note: {cfg['out_dir']} trained with other code of {' or '.join(IDEAS)} than they hold now; its φ is "
-              f"drawn with the code as it is now.", file=sys.stderr)
+        print(f"note: {cfg['out_dir']} trained with {OTHER_CODE}; its φ is drawn with the code as it is now.",
+              file=sys.stderr)
     if report['damaged_lines']:
         print(f"warning: {report['damaged_lines']} damaged line(s) of {cfg['out_dir']}/log.jsonl set aside.",
               file=sys.stderr)

@@ -19,7 +19,7 @@ from data.tokenizer import get_tokenizer
 from machinery import device
 from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint, loading
 from machinery.cli import UserError, parse_args, read_text, run_cli
-from machinery.fingerprint import code_hash
+from machinery.fingerprint import OTHER_CODE, code_hash
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -61,8 +61,8 @@ def main(argv):
 
     model = checkpoint_model(checkpoint, ckpt_path, lambda args: GPT(GPTConfig(**args))).eval().to(where)
     if checkpoint.get('code') not in (None, code_hash()):  # it loads, but runs the code as it is now
-        print(f"note: {ckpt_path} was trained with other code of activations.py or model.py than they hold now; it "
-              f"samples with the code as it is now.", file=sys.stderr)
+        print(f"note: {ckpt_path} was trained with {OTHER_CODE}; it samples with the code as it is now.",
+              file=sys.stderr)
 
     with loading(ckpt_path):
         tok, iter_num = get_tokenizer(checkpoint['meta']), checkpoint['iter_num']

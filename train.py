@@ -42,7 +42,7 @@ from data.loader import open_loader
 from machinery import checkpoint as ckpt_io, device, distributed, speed, wandb_log
 from machinery.cli import UserError, parse_args, run_cli
 from machinery.files import ctrl_c_held, write_file
-from machinery.fingerprint import code_hash
+from machinery.fingerprint import OTHER_CODE, code_hash
 from machinery.lock import lock_run_dir
 from machinery.progress import progress_bar
 from machinery.run_log import (LOG, Diverged, append_log, check_finite_losses, check_finite_weights, note_diverged,
@@ -189,8 +189,8 @@ def restore(ckpt, r):
             set_rng_state(ckpt['rng'][r.hw.rank], r.hw.device_type)  # after the model's init used the RNG
     r.saved_iter = r.iter_num
     if ckpt.get('code') not in (None, code_hash()) and r.master:  # notes, like progress, on stderr
-        print("note: the checkpoint was trained with other code of activations.py or model.py than they hold now; "
-              "the run continues with the code as it is.", file=sys.stderr)
+        print(f"note: the checkpoint was trained with {OTHER_CODE}; the run continues with the code as it is.",
+              file=sys.stderr)
     if not same and r.master:
         print(f"note: the checkpoint was written by {ckpt['world_size']} process(es), this run has "
               f"{r.hw.world_size}; the data stream continues, dropout randomness does not.", file=sys.stderr)

@@ -14,7 +14,7 @@ import os
 import torch
 
 from machinery.cli import UserError, reading
-from machinery.fingerprint import IDEAS, code_hash
+from machinery.fingerprint import OTHER_CODE, code_hash
 
 CKPT = 'ckpt.pt'
 HINT = 'train the run again, or point --out_dir at the right run directory'
@@ -48,7 +48,7 @@ def checkpoint_model(ckpt, path, build):
         where = loading(path)
     else:  # the likely cause of a failure
         where = reading(path, 'restore the code it was trained with, or train the run again',
-                        f"it was trained with other code of {' or '.join(IDEAS)} than they hold now")
+                        f"it was trained with {OTHER_CODE}")
     with where:
         weights = ckpt['model']
         with torch.device('meta'):

@@ -13,6 +13,7 @@ import tokenize
 IDEAS = ('activations.py', 'model.py')  # the code a learner edits to try an idea: each run logs which it trained with
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
 SKIPPED = (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING)  # what Python reads past
+OTHER_CODE = f"other code of {' or '.join(IDEAS)} than they hold now"  # what every note and refusal of it says
 
 
 @functools.lru_cache(maxsize=None)

@@ -460,7 +460,8 @@ def test_device_names_are_checked(fake_gpu):
         resolve_device('cuda:2')
 
 
-def test_train_and_bench_set_up_the_hardware_only_through_device_use(shakespeare_char_dir, tmp_path, monkeypatch):
+def test_the_hardware_is_set_up_only_through_distributed_setup_and_device_use(shakespeare_char_dir, tmp_path,
+                                                                              monkeypatch):
     """distributed.setup is train.py's one hardware set-up, and device.use the one place a device and dtype are chosen:
     neither train.py, sample.py nor bench.py (whose call tests/test_bench.py checks) resolves a device or dtype, joins
     a process group or sets TF32 itself."""
