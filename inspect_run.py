@@ -17,7 +17,7 @@ import os
 import sys
 
 from comparison.acts import inspect, short_label, write
-from machinery.cli import UserError, parse_args, run_cli
+from machinery.cli import parse_args, run_cli
 from machinery.device import resolve_device, set_threads
 from machinery.files import check_writable
 from machinery.fingerprint import OTHER_CODE, code_hash
@@ -34,11 +34,9 @@ DEFAULTS = dict(
 
 def main(argv):
     cfg, _ = parse_args(DEFAULTS, argv, prog='inspect_run.py', doc=__doc__.split('\n\n')[1], notes=[__file__])
-    if cfg['threads'] < 0:
-        raise UserError(f"--threads must not be negative, got {cfg['threads']}.")
     if os.path.isdir(cfg['out_dir']):  # no folder: no checkpoint, which inspect says
         check_writable(cfg['out_dir'])  # acts.png and acts.json go there: say so before the work, not after
-    set_threads(cfg['threads'])  # a thread per core, torch's own default, crawls beside any other busy process
+    set_threads(cfg['threads'])  # before anything is drawn; torch's own thread per core crawls beside a busy process
     report = inspect(cfg['out_dir'], cfg['data_dir'], cfg['bins'], resolve_device(cfg['device']))
     if codes_of(read_log_lines(os.path.join(cfg['out_dir'], LOG))[0]) - {code_hash(), None}:  # drawn all the same
         print(f"note: {cfg['out_dir']} trained with {OTHER_CODE}; its φ is drawn with the code as it is now.",

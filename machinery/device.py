@@ -42,6 +42,8 @@ def set_threads(threads):
     the cores. torch's own default, a thread per core, spins in OpenMP's wait and runs many times slower beside any
     other busy process (a browser, a second run): BENCHMARKS.md, "CPU threads". Returns what was chosen, in words."""
     cores, why = usable_cores(), '--threads'
+    if threads < 0:
+        raise UserError(f"--threads must not be negative, got {threads}.")
     if not threads:
         env = os.environ.get('OMP_NUM_THREADS', '')
         threads, why = (int(env), 'OMP_NUM_THREADS') if env.isascii() and env.isdigit() and int(env) > 0 else (

@@ -411,6 +411,8 @@ def test_a_thread_count_past_4_per_core_is_refused_in_a_sentence(monkeypatch):
         with pytest.raises(UserError, match=rf"^OMP_NUM_THREADS={4 * cores + 1} asks for more threads"):
             device.set_threads(0)
         assert device.set_threads(4 * cores).startswith(f"{4 * cores} CPU thread(s)")
+        with pytest.raises(UserError, match=r"^--threads must not be negative, got -1\.$"):
+            device.set_threads(-1)
     finally:
         torch.set_num_threads(threads)
 
