@@ -74,8 +74,11 @@ def settings(argv):
     sweep given on the command line (--lrs or --lr_grid) replaces the config file's."""
     if all(a.startswith('-') for a in argv):
         argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), DEFAULT_CONFIG)] + list(argv)
-    cfg, _ = parse_args(DEFAULTS, argv, types=TYPES, prog='compare.py', doc=__doc__.split('\n\n')[1],
-                        notes=[*configurator.NOTES, __file__])
+    cfg, given = parse_args(DEFAULTS, argv, types=TYPES, prog='compare.py', doc=__doc__.split('\n\n')[1],
+                            notes=[*configurator.NOTES, __file__])
+    if given.get('ffn') == '--':  # a config file's ffn (a training config it builds on) is the variants' to set
+        raise UserError("compare.py trains each of --variants, so it does not read --ffn; give --variants=NAME,... "
+                        "instead.")
     on_command_line = {split_arg(a)[0] for a in argv if a.startswith('--')}
     for key, other, cleared in (('lrs', 'lr_grid', 0), ('lr_grid', 'lrs', '')):
         if key in on_command_line and other not in on_command_line:

@@ -709,6 +709,7 @@ def test_a_sweep_refuses_a_variant_that_carries_its_own_rate():
     (['--variants=gelu,polyrelu:poly_order=9'], r"^--variants: variant 'polyrelu:poly_order=9': --poly_order must"),
     (['--variants=polyrelu:poly_order=2,gelu', '--n_head=3'], r"^--n_embd=64 must be divisible by --n_head=3"),
     (['--tuned_lrs=gelu'], "'gelu' carries no rate"),
+    (['--ffn=polynorm'], r'^compare.py trains each of --variants, so it does not read --ffn'),
     (['--variants=gelu@8e-3', '--eval_iters=1'], 'eval_iters of at least 2'),
 ])
 def test_mistakes_with_rates_are_one_sentence(argv, words):
