@@ -240,20 +240,15 @@ def check(cfg):
 # a resumed run's settings and model keys, from its checkpoint (machinery/checkpoint.py reads it)
 
 
-def damage_if_refused(read):
-    """read(), where the checks of a person's settings (a UserError) find the checkpoint's own settings damaged."""
-    try:
-        return read()
-    except UserError as e:
-        raise ValueError(e) from None
-
-
 def resumed_settings(cfg, given, ckpt):
     """A resumed run's settings: the checkpoint's, with only the keys given explicitly on top; its model keys and data
     stream cannot change."""
     with loading(os.path.join(cfg['out_dir'], CKPT)):  # its settings read as a command line's are
-        saved = damage_if_refused(lambda: {k: coerce(k, v, TYPES[k], DEFAULTS[k], 'its config: ')
-                                           for k, v in ckpt['config'].items() if k in DEFAULTS})
+        try:
+            saved = {k: coerce(k, v, TYPES[k], DEFAULTS[k], 'its config: ') for k, v in ckpt['config'].items()
+                     if k in DEFAULTS}
+        except UserError as e:  # the checks of a person's settings find the checkpoint's own settings damaged
+            raise ValueError(e) from None
         kept = {**{k: saved[k] for k in keys_that('stream')}, **{k: ckpt['model_args'][k] for k in keys_that('model')}}
     for key, was in kept.items():
         if key in given and cfg[key] != was and not (key == 'vocab_size' and cfg[key] == 0):
