@@ -4,7 +4,7 @@ is rank 0 of 1 and joins nothing.
 """
 import gc
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 import torch
@@ -69,9 +69,7 @@ def teardown(hw, failed):
     if not hw.ddp:
         return
     if not failed:
-        try:
+        with suppress(Exception):  # a peer already gone (it failed; torchrun stops this run anyway)
             dist.barrier()
-        except Exception:  # a peer already gone (it failed; torchrun stops this run anyway)
-            pass
     gc.collect()  # DDP's reducer sits in reference cycles: freed after its group is gone, gloo can abort the exit
     dist.destroy_process_group()
