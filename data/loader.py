@@ -116,15 +116,6 @@ def _file_id(path):
     return st.st_size, st.st_mtime_ns
 
 
-def read_meta(path):
-    """A dataset's meta.json, checked: a JSON object with a positive int vocab_size (it sizes the model)."""
-    meta = read_json(path) or {}
-    if type(meta.get("vocab_size")) is not int or meta["vocab_size"] < 1:
-        raise UserError(f"{path} is damaged (it must be a JSON object with an integer vocab_size); delete it and the "
-                        f"shards beside it, then prepare the dataset again.")
-    return meta
-
-
 def _to_xy(windows):
     t = torch.from_numpy(windows.astype(np.int64))
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
@@ -149,7 +140,10 @@ class DataLoader:
             close = difflib.get_close_matches(dataset, sorted(known - {dataset}), n=1, cutoff=0.8)
             raise DatasetNotPrepared(f"dataset {dataset} is not prepared in {self.dir}; run `{command}` first"
                                      + (f" (or did you mean --dataset={close[0]}?)." if close else "."))
-        self.meta = read_meta(meta_path)
+        self.meta = read_json(meta_path) or {}  # checked: a positive int vocab_size sizes the model
+        if type(self.meta.get("vocab_size")) is not int or self.vocab_size < 1:
+            raise UserError(f"{meta_path} is damaged (it must be a JSON object with an integer vocab_size); delete it "
+                            f"and the shards beside it, then prepare the dataset again.")
         self.train = _Split(train_paths, block_size + 1, self.vocab_size)
         self.val = _Split(val_paths, block_size + 1, self.vocab_size)
         for name, split in (("train", self.train), ("val", self.val)):
