@@ -62,19 +62,6 @@ def read_log_lines(path):
     return sorted(records, key=lambda r: r['iter']), damaged
 
 
-def truncate_log(path, iter_num):
-    """Keep every intact line up to the checkpoint's iteration (a resumed run writes the later ones again; -1: none,
-    a new run). Damaged lines go to log.jsonl.damaged, with a warning, never dropped silently. Returns the number of
-    lines kept."""
-    records, damaged = read_log_lines(path)
-    records = [r for r in records if r['iter'] <= iter_num]
-    if damaged:
-        append_lines(path + '.damaged', damaged)
-        print(f"warning: {len(damaged)} damaged line(s) of {path} moved to {path}.damaged.", file=sys.stderr)
-    write_text(path, ''.join(json.dumps(r) + '\n' for r in records))
-    return len(records)
-
-
 def append_log(path, record):
     """One record as one line of log.jsonl, appended and closed at once (a reader sees every finished line)."""
     append_lines(path, [json.dumps(record) + '\n'])
@@ -94,12 +81,19 @@ def open_for_try(out_dir, saved_iter):
     Returns the log's lines."""
     clear_diverged(out_dir)
     remove_dead_temps(out_dir)  # a save killed mid-write
-    lines = truncate_log(os.path.join(out_dir, LOG), -1 if saved_iter is None else saved_iter)
+    path = os.path.join(out_dir, LOG)
+    records, damaged = read_log_lines(path)
+    if damaged:  # never dropped silently
+        append_lines(path + '.damaged', damaged)
+        print(f"warning: {len(damaged)} damaged line(s) of {path} moved to {path}.damaged.", file=sys.stderr)
+    # a resumed run writes the lines past its checkpoint again
+    records = [r for r in records if saved_iter is not None and r['iter'] <= saved_iter]
+    write_text(path, ''.join(json.dumps(r) + '\n' for r in records))
     if saved_iter is None:
         for name in (CKPT, *PICTURES):
             with suppress(OSError):  # none there; or a folder of that name, which is the user's, left as it is
                 os.remove(os.path.join(out_dir, name))
-    return lines
+    return len(records)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
