@@ -19,9 +19,8 @@ def start(cfg, out_dir):
 
 def fields(record, prefix=''):
     """A log record as wandb charts it: nested dicts and lists become '/'-joined keys of scalars."""
-    items = record.items() if isinstance(record, dict) else enumerate(record)
     out = {}
-    for key, value in items:
+    for key, value in (record.items() if isinstance(record, dict) else enumerate(record)):
         if isinstance(value, (dict, list)):
             out.update(fields(value, f'{prefix}{key}/'))
         else:
