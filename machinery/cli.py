@@ -6,10 +6,10 @@ can act on, each ending the command with one sentence.
 
 A config file (FILE.py) is plain Python, exec'd with the current settings in scope (so it may write `lr_decay_iters =
 max_iters`); every public name it assigns must be a known key (names starting with '_', and functions and modules of
-other names, are its own helpers). Then each --key=value override is applied in order. A value must have the type of
-the key's default: an int key takes 12 or 1e4 but not 3.5 (never silently truncated), a float key 3 or 6e-4, a bool
-key True/False (--key alone means True), a str key the text as written (no NUL character); an int is one of 64 bits.
-A key whose default is None means "auto" and also takes the word auto.
+other names, are its own helpers). Then each --key=value override is applied in order, also one written before a file. A
+value must have the type of the key's default: an int key takes 12 or 1e4 but not 3.5 (never silently truncated), a
+float key 3 or 6e-4, a bool key True/False (--key alone means True), a str key the text as written (no NUL character);
+an int is one of 64 bits. A key whose default is None means "auto" and also takes the word auto.
 
 A mistake raises UserError with one sentence; run_cli(main) prints it on stderr and exits with status 2, no traceback.
 A file nanoFFN wrote itself is trusted where it is used, and any failure to use it becomes such a sentence (reading).
@@ -176,7 +176,7 @@ def parse_args(defaults, argv, types=None, prog='train.py', doc='', notes=()):
     settings and the keys set explicitly, each with what set it last ('--' for an override, else the config file's
     path), so that e.g. a resumed run can tell the user's choices from plain defaults, and say where each came from."""
     config, given, types = dict(defaults), {}, types or {}
-    for arg in argv:
+    for arg in sorted(argv, key=lambda a: a.startswith('-')):  # the config files first: an override always wins
         if arg in ('-h', '--help'):
             print(format_help(prog, config, doc, notes))
             sys.exit(0)

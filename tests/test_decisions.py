@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import compare  # noqa: E402
 import configurator  # noqa: E402
 import train  # noqa: E402
-from activations import VARIANTS  # noqa: E402
+from activations import BASIS, VARIANTS  # noqa: E402
 from comparison import placement, report, runs, stats  # noqa: E402
 from machinery.cli import UserError  # noqa: E402
 
@@ -677,8 +677,8 @@ REFUSED_SETTINGS = [
     (dict(norm='batchnorm'), "--norm must be rmsnorm or layernorm, --pos rope or learned."),  # model_config's
     # an activation key the chosen variant does not read is checked all the same, as the variants that read it do
     (dict(ffn='gelu', poly_order=9), "--poly_order must be 2, 3 or 4, got 9."),
-    (dict(ffn='gelu', act_dict='foo'), "--act_dict must be a comma-separated list of identity, relu, relu2, gelu, "
-                                       "silu, leaky_relu, tanh; got 'foo'."),
+    # the dictionary named from BASIS: an entry a learner adds (README's softplus) is listed too
+    (dict(ffn='gelu', act_dict='foo'), f"--act_dict must be a comma-separated list of {', '.join(BASIS)}; got 'foo'."),
     (dict(ffn='polynorm', la_init='bogus'), "--la_init must be onehot, mean, sum or onehot:NAME with NAME one of "
                                             "identity, relu, relu2, gelu, silu, tanh (or A/B of the last three: "
                                             "gate/up branch); got 'bogus'."),

@@ -369,6 +369,7 @@ def test_configurator_config_file(tmp_path):
     cfg, given = parse_args(DEFAULTS, [str(f), '--n_layer=2'])
     assert cfg['n_layer'] == 2 and cfg['dropout'] == pytest.approx(0.3)
     assert given == {'n_layer': '--', 'dropout': str(f)}  # what set each last: an override, the config file
+    assert parse_args(DEFAULTS, ['--n_layer=2', str(f)]) == (cfg, given)  # an override before a file wins too
     f.write_text("n_layers = 6\n")
     with pytest.raises(UserError, match="n_layers"):
         parse_args(DEFAULTS, [str(f)])
