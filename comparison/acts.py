@@ -115,14 +115,21 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
     if not 2 <= bins <= MAX_BINS:
         raise UserError(f"--bins must be between 2 and {MAX_BINS}, got {bins}.")
     if ckpt is None:
-        ckpt = load_checkpoint(out_dir, "a run writes it at its first evaluation after a step: wait for that, or use "
-                                        "another --out_dir (a comparison's runs are its OUT/VARIANT/[lrRATE/]seedN).")
+        hint = ("a run writes it at its first evaluation after a step: wait for that, or use another --out_dir"
+                if os.path.isdir(out_dir) else "no such folder; give the --out_dir of a run")
+        ckpt = load_checkpoint(out_dir, hint + " (a comparison's runs are its OUT/VARIANT/[lrRATE/]seedN).")
     path = os.path.join(out_dir, CKPT)
     model = checkpoint_model(ckpt, path, lambda args: GPT(GPTConfig(**args))).to(device).eval()
+    log, damaged = log or read_log_lines(os.path.join(out_dir, LOG))
     with loading(path):  # its data stream's settings; a UserError (the data moved) passes as it is
         cfg, iter_num = ckpt['config'], ckpt['iter_num']
-        idx = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],
-                         data_dir=data_dir or cfg['data_dir']).val_batches(1)[0][0].to(device)
+        data = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],
+                          data_dir=data_dir or cfg['data_dir'])
+        logged = next((r['val_hash'] for r in reversed(log) if 'val_hash' in r), None)  # as a comparison tells it
+        if ckpt['meta'] != data.meta or logged is not None and logged != data.val_hash(cfg['eval_iters']):
+            raise UserError(f"{data.dir} holds other data than {out_dir} trained on (prepared again since?), so its "
+                            f"inputs are not the run's; prepare the data it trained on, or point --data_dir at them.")
+        idx = data.val_batches(1)[0][0].to(device)
     init_acts = make_activations(model.config)
     layers = []
     for block, x in zip(model.transformer.h, model.ffn_inputs(idx)):
@@ -138,7 +145,6 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
         if usage is not None:
             layer['expert_tokens'] = usage
         layers.append(layer)
-    log, damaged = log or read_log_lines(os.path.join(out_dir, LOG))
     return {'run': out_dir, 'damaged_lines': len(damaged), 'ffn': model.config.ffn, 'iter': iter_num,
             'n_layer': model.config.n_layer, 'batch': {'dataset': cfg['dataset'], 'batch_size': cfg['batch_size'],
                                                        'block_size': cfg['block_size'], 'tokens': idx.numel()},

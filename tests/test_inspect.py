@@ -136,14 +136,14 @@ def untrained_run(run_dir, data_dir, **model_args):
     """A checkpoint at iteration 0, as train.py writes it: the freshly initialised GPT."""
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=65, **model_args)
     os.makedirs(run_dir)
-    model = GPT(config)
+    model, data = GPT(config), DataLoader('shakespeare_char', 32, 4, 1, data_dir=data_dir)
     train.write_checkpoint({'model': model.state_dict(), 'model_args': asdict(config), 'iter_num': 0,
                            'config': {'dataset': 'shakespeare_char', 'block_size': 32, 'batch_size': 4, 'seed': 1,
-                                      'data_dir': data_dir}, 'meta': {'vocab_size': 65},
+                                      'data_dir': data_dir, 'eval_iters': 2}, 'meta': data.meta,
                            'optimizer': model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu').state_dict(),
                            'best_val_loss': float('inf'), 'tokens': 0, 'train_time': 0.0, 'world_size': 1,
                            'rng': [train.rng_state('cpu')],
-                           'loader': [DataLoader('shakespeare_char', 32, 4, 1, data_dir=data_dir).state_dict()]},
+                           'loader': [data.state_dict()]},
                            os.path.join(run_dir, 'ckpt.pt'))
     return run_dir
 
@@ -334,4 +334,27 @@ def test_missing_checkpoint_is_one_line(tmp_path, capsys, folder):
         run_cli(inspect_run.main, [f'--out_dir={tmp_path / "nope" if folder == "missing" else tmp_path}'])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and 'there is no checkpoint at' in err[0]
-    assert "--out_dir (a comparison's runs are its OUT/VARIANT/[lrRATE/]seedN)." in err[0]
+    hint = ('no such folder; give the --out_dir of a run' if folder == 'missing' else
+            'wait for that, or use another --out_dir')
+    assert f"{hint} (a comparison's runs are its OUT/VARIANT/[lrRATE/]seedN)." in err[0]
+
+
+def test_a_run_on_data_prepared_again_since_is_refused_in_one_sentence(shakespeare_char_dir, tmp_path, capsys):
+    """φ drawn over other data than the run's (another tokenizer's ids would fail deep in the model): refused, as a
+    comparison refuses to reuse the run, by its dataset's meta.json or by the validation windows its log names."""
+    data = tmp_path / 'data'
+    shutil.copytree(shakespeare_char_dir, data)
+    run = untrained_run(str(tmp_path / 'run'), str(data), ffn='polynorm')
+    windows = DataLoader('shakespeare_char', 32, 4, 1, data_dir=str(data)).val_hash(2)  # eval_iters=2, as it logs
+    meta_path = data / 'shakespeare_char' / 'meta.json'
+    meta = json.loads(meta_path.read_text())
+    for logged, other_meta, refused in ((windows, False, False), ('0' * 64, False, True), (windows, True, True)):
+        with open(os.path.join(run, 'log.jsonl'), 'w') as f:
+            f.write(json.dumps({'iter': 0, 'tokens': 0, 'val_hash': logged}) + '\n')
+        if other_meta:  # another preparation's vocabulary
+            meta_path.write_text(json.dumps({**meta, 'itos': meta['itos'][::-1]}))
+        with pytest.raises(SystemExit) if refused else contextlib.nullcontext() as e:
+            run_cli(inspect_run.main, [f'--out_dir={run}'])
+        err = capsys.readouterr().err
+        assert not refused or e.value.code == 2 and err.startswith(
+            f"error: {data / 'shakespeare_char'} holds other data than {run} trained on (prepared again since?)")
