@@ -450,9 +450,10 @@ class Curves:
             return
         self.last = time.time()
         base = self.comp['baseline'] if self.comp['baseline'] in variants else variants[0]
+        shared = self.cfg['learning_rate']  # the table shows each variant's rate where it is not this one
         head = dict(baseline=base, seeds=sorted({r.seed for r in done}), variants=variants, dataset=self.cfg['dataset'],
-                    settings={}, rates={v: next(r.lr or self.cfg['learning_rate'] for r in done if r.variant == v)
-                                        for v in variants})
+                    settings={'learning_rate': shared},
+                    rates={v: next(r.lr or shared for r in done if r.variant == v) for v in variants})
         summary, by_variant = report.summarize(head, done, shapes_of(self.cfg, done, variants), scored_by(self.comp))
         plots.loss(os.path.join(self.cfg['out_dir'], 'loss.png'), summary, by_variant, self.cfg['smooth'])
         at = ' at the shared rate' if self.one_rate else ''

@@ -218,9 +218,11 @@ def fmt_rate(r):
 
 def table(summary):
     base = summary['baseline']
-    # each variant's rate: a sweep's chosen one, or its own (tuned, or the shared rate where it has none)
+    # each variant's rate: a sweep's chosen one, or its own (tuned, or the shared rate where it has none), shown
+    # unless every run is at the shared learning_rate the settings name
+    shared = {summary['settings'].get('learning_rate')}
     rate = ({v: fmt_rate(x['best']) for v, x in summary['lr'].items()} if summary.get('lr') else
-            {v: fmt_rate(r) for v, r in summary['rates'].items()} if len(set(summary.get('rates', {}).values())) > 1
+            {v: fmt_rate(r) for v, r in summary['rates'].items()} if set(summary.get('rates', {}).values()) - shared
             else None)
     rows = [f"| variant |{' lr |' if rate else ''} params | FFN | extras per model | final val loss (mean ± std) | "
             f"Δ vs {base} (± std) | resolved? | tok/s | train time |",

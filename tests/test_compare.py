@@ -699,6 +699,12 @@ def test_a_variant_without_a_tuned_rate_is_named_untuned_with_the_command_that_t
                'untuned': ['xielu'], 'untuned_note': 'xielu runs untuned, at the shared learning_rate 2e-3 (...).'}
     report.write_markdown(str(tmp_path / 'summary.md'), summary)
     assert 'Untuned: xielu runs untuned' in (tmp_path / 'summary.md').read_text()
+    # tuned rates that happen to be equal are shown all the same: the settings name the shared rate, not theirs
+    rates = {v: (8e-3 if v in ('gelu', 'relu2') else 2e-3) for v in summary['rates']}
+    for variants, column in (({'gelu', 'relu2'}, True), ({'swiglu'}, False)):  # swiglu: at the shared 2e-3
+        table = report.table({**summary, 'variants': {v: s for v, s in summary['variants'].items() if v in variants},
+                              'rates': {v: rates[v] for v in variants}, 'untuned': []})
+        assert table.startswith('| variant | lr |') == column and ('| gelu | 8e-3 |' in table) == column
 
 
 def test_a_sweep_refuses_a_variant_that_carries_its_own_rate():
