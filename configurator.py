@@ -22,7 +22,8 @@ M = GPTConfig()  # the model's keys are GPTConfig's fields, and keep its default
 # Every key a run takes: its default, and what it is (words): model (a field of GPTConfig), stream (it fixes the
 # training batches: a resume keeps it), id (part of what a run is; where it lives, how it starts and runs, its threads,
 # whether it is compiled, MFU's FLOP/s and the experiment tracking are not), tune (what a comparison's tuned rates
-# depend on: what a run is but its variant, seed, the rate, its device, and how it is evaluated), shown (in a
+# depend on: what a run is but its variant, seed, the rate, its device, and how often it is evaluated; eval_iters is
+# in, as it splits the windows into the half a sweep chooses on and the half a comparison reports), shown (in a
 # comparison's summary)
 SETTINGS = dict(
     # I/O
@@ -31,7 +32,7 @@ SETTINGS = dict(
     overwrite=Key(False),  # allow a scratch run to replace an existing out_dir/ckpt.pt
     always_save_checkpoint=Key(True, 'id'),  # if False, only save when val loss improves
     eval_interval=Key(250, 'id shown'),  # iterations between evaluations (+ checkpoints); the last is always evaluated
-    eval_iters=Key(20, 'id shown'),  # validation batches per evaluation (fixed windows: the same tokens for every run)
+    eval_iters=Key(20, 'id tune shown'),  # validation batches per evaluation (fixed windows: the same tokens for every run)
     log_interval=Key(10, 'id'),  # iterations between log lines
     # data
     dataset=Key('shakespeare_char', 'stream id tune shown'),

@@ -111,9 +111,11 @@ def test_the_choice_alone_at_finite_means_has_no_margin():
 
 # the settings table's classification, pinned where a slip would go unseen: where a run lives, how it starts, its
 # threads, compile and MFU's peak, and its experiment tracking are not what it is; a tuned rate holds whatever the
-# variant, seed and rate (min_lr as its ratio) and how a run is evaluated; what sets the global batch is tuned at
+# variant, seed and rate (min_lr as its ratio) and how often a run is evaluated, but not across eval_iters, which
+# splits the windows into the half a sweep chooses on and the half a comparison reports; what sets the global batch is
+# tuned at
 NOT_IDENTIFYING = {'out_dir', 'data_dir', 'init_from', 'overwrite', 'compile', 'compile_mode', 'peak_flops', 'threads'}
-NOT_TUNED = {'ffn', 'seed', 'learning_rate', 'min_lr', 'device', 'eval_interval', 'eval_iters', 'log_interval',
+NOT_TUNED = {'ffn', 'seed', 'learning_rate', 'min_lr', 'device', 'eval_interval', 'log_interval',
              'always_save_checkpoint'}
 GLOBAL_BATCH = ('gradient_accumulation_steps', 'batch_size', 'block_size')  # and nproc_per_run, compare.py's
 IDENTIFYING, TUNED = configurator.keys_that('id'), configurator.keys_that('tune')
@@ -150,7 +152,7 @@ def test_what_a_run_is_holds_its_processes_and_train_pys_defaults():
 @pytest.mark.parametrize('key', list(compare.DEFAULTS))
 def test_the_fingerprint_of_tuned_rates_changes_with_every_setting_they_were_tuned_at(key):
     """Each setting a tuned rate depends on changes the fingerprint (the global batch among them, nproc_per_run too);
-    the variant, seed, where and how a run is evaluated, and compare.py's other keys do not. learning_rate moved with
+    the variant, seed, where and how often a run is evaluated, and compare.py's other keys do not. learning_rate moved with
     min_lr at its ratio (at_rate) leaves it; either alone changes that ratio, which a schedule is tuned at."""
     cfg = dict(compare.DEFAULTS)
     here = runs.tuning_key(cfg)
@@ -342,7 +344,8 @@ def test_the_curves_are_drawn_at_the_first_finished_run_then_at_most_every_EVERY
     c.draw([run('gelu')])  # the first finished run: drawn at once
     assert record.pictures == [os.path.join(str(tmp_path), 'loss.png')]
     assert record.heads[0][0]['baseline'] == 'gelu' and record.heads[0][0]['rates'] == {'gelu': 2e-3}
-    assert record.heads[0][0]['dataset'] == compare.DEFAULTS['dataset'] and record.heads[0][0]['settings'] == {}
+    assert record.heads[0][0]['dataset'] == compare.DEFAULTS['dataset']
+    assert record.heads[0][0]['settings'] == {'learning_rate': 2e-3}  # the shared rate, which the table tells from theirs
     assert record.drawn == [(os.path.join(str(tmp_path), 'loss.png'), 'summary', 'by_variant', 0.5)]
     assert 'THE TABLE of summary' in record.lines[0] and '1 finished run(s)' in record.lines[0]
     assert record.scored == [report.WHOLE]
