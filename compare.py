@@ -316,11 +316,13 @@ class Job:
 
     def interrupt(self, signalled):
         """Stop the child (it resumes later from its last checkpoint); after a Ctrl-C it has had SIGINT already.
-        torchrun gets SIGTERM, which ends its workers with it (after SIGINT they may outlive it)."""
+        torchrun gets SIGTERM, which ends its workers with it (after SIGINT they may outlive it), and so does a child
+        that ignores SIGINT as this process does (inherited: a background job of a script, nohup)."""
         try:
             self.proc.wait(timeout=5 if signalled else 0)
         except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGINT if self.run.processes == 1 else signal.SIGTERM)
+            ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            self.proc.send_signal(signal.SIGINT if self.run.processes == 1 and not ignored else signal.SIGTERM)
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:

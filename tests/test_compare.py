@@ -10,6 +10,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -735,6 +736,20 @@ def test_a_shared_rate_of_0_plans_untuned_runs(shakespeare_char_dir, tmp_path):
     """learning_rate=0 has no ratio for min_lr to keep: the tuned rates do not apply, and nothing divides by it."""
     lines, err = plan(['--learning_rate=0'], shakespeare_char_dir, tmp_path)
     assert len(lines) == 24 and 'run untuned, at the shared learning_rate 0 (' in err
+
+
+def test_a_run_that_ignores_sigint_as_its_background_compare_does_is_stopped_at_once():
+    """A compare.py started in the background of a script (or under nohup) ignores SIGINT, and so does each run it
+    starts: stopping them, a `kill` of compare.py sends SIGTERM, not a SIGINT they would ignore for a minute."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the child, as a run inherits it
+    try:
+        job = compare.Job.__new__(compare.Job)
+        job.run = types.SimpleNamespace(processes=1)
+        job.proc = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])
+        job.interrupt(signalled=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert job.proc.returncode == -signal.SIGTERM  # not -SIGKILL, a minute later
 
 
 # ----------------------------------------------------------------------------------------------------------------------
