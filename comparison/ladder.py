@@ -117,6 +117,9 @@ def summarize(cfg, sizes, summaries):
         out['sizes'].append({k: size[k] for k in ('name', 'n_layer', 'n_embd', 'n_head')} | {
             'max_iters': s['max_iters'], 'tokens': max(v['tokens'] for v in summ['variants'].values()),
             'learning_rate': s['learning_rate']})
+    if not first.get('lr') and any(r != s['learning_rate'] for summ, s in zip(summaries, out['sizes'])
+                                   for r in summ['rates'].values()):  # variants at rates of their own
+        out['rates'] = {v: [summ['rates'][v] for summ in summaries] for v in variants}
     points = {v: [point(size, summ, v) for size, summ in zip(sizes, summaries)] for v in variants}
     meaningful = all(s['compiled'] == 'on' or str(s['settings']['device']).startswith('cuda') for s in summaries)
     for v, ps in points.items():
@@ -202,6 +205,10 @@ def write_markdown(path, lad):
                   '', head, rule]
         lines += [f"| {v} | " + ' | '.join(f"{p['best_lr']:.3g}" for p in lv['points']) + ' |'
                   for v, lv in lad['variants'].items()]
+    if lad.get('rates'):
+        lines += ['', '## Learning rate of each variant', '', "Where a variant runs at a rate of its own, not the "
+                  "learning rate above.", '', head, rule]
+        lines += [f"| {v} | " + ' | '.join(f"{r:.3g}" for r in rates) + ' |' for v, rates in lad['rates'].items()]
     lines += ['', f'## Gap to {base} and its trend with size', '',
               f"Gap Δ = L_variant − L_{base}, paired over seeds: mean [95% t interval]. Trend: the least-squares slope "
               f"of every seed's Δ against ln N [95% CI]: 'rises' (the variant loses ground to {base} as models grow), "

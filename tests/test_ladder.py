@@ -138,3 +138,19 @@ def test_tiny_ladder_with_tuned_rates_end_to_end_and_reused(shakespeare_char_dir
     assert buf.getvalue().count('(12 to reuse, 0 to train)') == 4
     with open(os.path.join(out, 'summary.json')) as f:
         assert json.load(f) == lad
+
+
+@pytest.mark.slow
+def test_a_ladder_of_variants_at_their_own_rates_names_each_ones_rate(shakespeare_char_dir, tmp_path):
+    """The ladder's table names the shared learning rate of each size; variants at rates of their own (gelu@8e-3) are
+    at those, and a section says so, per size."""
+    out = str(tmp_path / 'ladder')
+    argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}', '--variants=gelu@8e-3,relu@4e-3', '--seeds=1',
+            '--sizes=1x16,1x32', '--lrs=', '--learning_rate=2e-3', '--min_lr=2e-4', *TINY]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        compare.main(argv)
+    lad = json.load(open(os.path.join(out, 'summary.json')))
+    assert lad['rates'] == {'gelu': [8e-3, 8e-3], 'relu': [4e-3, 4e-3]}
+    md = open(os.path.join(out, 'summary.md')).read()
+    assert '## Learning rate of each variant' in md
+    assert '| gelu | 0.008 | 0.008 |' in md and '| relu | 0.004 | 0.004 |' in md
