@@ -9,7 +9,8 @@ baseline = 'gelu'
 seeds = 3
 seed = 1340  # the seeds after the sweep's own (1337-1339), which chose the rates
 # each variant's rate, as the sweep's summary prints it, and the settings it was tuned at: after a change of the
-# model, the budget, the batch or the dataset, a variant runs at learning_rate, untuned, until the sweep runs again
+# model, the budget, the batch, the dataset or eval_iters, a variant runs at learning_rate, untuned, until the sweep
+# runs again
 tuned_lrs = 'gelu@8e-3,relu2@4e-3,swiglu@2e-3,polyrelu@8e-3,polynorm@8e-3,la@8e-3,moa@8e-3,moa_glu@4e-3'
 tuned_at = '11f787adb856'
 tuned_by = 'config/sweep_shakespeare_char.py'
