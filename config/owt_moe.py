@@ -2,9 +2,7 @@
 #   python train.py config/owt_moe.py   # against: python train.py config/owt_quick.py --out_dir=out-owt-dense
 # Tokens: 197M, as owt_quick. Time: an ESTIMATE, never measured: budget ~2x owt_quick's wall time.
 
-import os
-
-exec(open(os.path.join(os.path.dirname(__file__), 'owt_quick.py')).read())
+exec(open('config/owt_quick.py').read())
 out_dir = 'out-owt-moe'
 n_expert = 8
 top_k = 2

@@ -492,14 +492,6 @@ def test_a_bundled_dataset_is_prepared_on_demand(tmp_path):
         == before
 
 
-def test_every_config_file_reads_the_ones_it_builds_on_from_any_folder(monkeypatch, tmp_path):
-    """A config file that builds on another finds it beside itself, not in the working directory."""
-    monkeypatch.chdir(tmp_path)
-    for name in sorted(os.listdir(os.path.join(REPO, 'config'))):
-        cfg, given = compare.parse_args(compare.DEFAULTS, [os.path.join(REPO, 'config', name)], types=compare.TYPES)
-        assert given, name
-
-
 @pytest.mark.parametrize('name', ['compare_shakespeare_char', 'sweep_shakespeare_char', 'compare_owt_dense',
                                   'compare_owt_moe', 'ablate_polycom', 'ablate_moa'])
 def test_configs_plan(name):
