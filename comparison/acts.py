@@ -125,7 +125,8 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
         cfg, iter_num = ckpt['config'], ckpt['iter_num']
         data = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],
                           data_dir=data_dir or cfg['data_dir'])
-        logged = next((r['val_hash'] for r in reversed(log) if 'val_hash' in r), None)  # as a comparison tells it
+        # the windows its checkpoint's evaluation scored (a resume may have evaluated others since, and saved nothing)
+        logged = next((r['val_hash'] for r in log if r['iter'] == iter_num and 'val_hash' in r), None)
         if ckpt['meta'] != data.meta or logged is not None and logged != data.val_hash(cfg['eval_iters']):
             raise UserError(f"{data.dir} holds other data than {out_dir} trained on (prepared again since?), so its "
                             f"inputs are not the run's; prepare the data it trained on, or point --data_dir at them.")

@@ -348,9 +348,13 @@ def test_a_run_on_data_prepared_again_since_is_refused_in_one_sentence(shakespea
     windows = DataLoader('shakespeare_char', 32, 4, 1, data_dir=str(data)).val_hash(2)  # eval_iters=2, as it logs
     meta_path = data / 'shakespeare_char' / 'meta.json'
     meta = json.loads(meta_path.read_text())
-    for logged, other_meta, refused in ((windows, False, False), ('0' * 64, False, True), (windows, True, True)):
+    other = '0' * 64
+    # the log's windows at the checkpoint's iteration (0) count; a later evaluation's (a resume with another
+    # eval_iters, which saved no checkpoint) do not
+    for logged, other_meta, refused in (([windows], False, False), ([other], False, True),
+                                        ([windows, other], False, False), ([windows], True, True)):
         with open(os.path.join(run, 'log.jsonl'), 'w') as f:
-            f.write(json.dumps({'iter': 0, 'tokens': 0, 'val_hash': logged}) + '\n')
+            f.writelines(json.dumps({'iter': i, 'tokens': 0, 'val_hash': h}) + '\n' for i, h in enumerate(logged))
         if other_meta:  # another preparation's vocabulary
             meta_path.write_text(json.dumps({**meta, 'itos': meta['itos'][::-1]}))
         with pytest.raises(SystemExit) if refused else contextlib.nullcontext() as e:
