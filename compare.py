@@ -317,7 +317,7 @@ class Job:
     def interrupt(self, signalled):
         """Stop the child (it resumes later from its last checkpoint); after a Ctrl-C it has had SIGINT already.
         torchrun gets SIGTERM, which ends its workers with it (after SIGINT they may outlive it), and so does a child
-        that ignores SIGINT as this process does (inherited: a background job of a script, nohup)."""
+        that ignores SIGINT as this process does (inherited: a background job of a script)."""
         try:
             self.proc.wait(timeout=5 if signalled else 0)
         except subprocess.TimeoutExpired:

@@ -22,9 +22,9 @@ M = GPTConfig()  # the model's keys are GPTConfig's fields, and keep its default
 # Every key a run takes: its default, and what it is (words): model (a field of GPTConfig), stream (it fixes the
 # training batches: a resume keeps it), id (part of what a run is; where it lives, how it starts and runs, its threads,
 # whether it is compiled, MFU's FLOP/s and the experiment tracking are not), tune (what a comparison's tuned rates
-# depend on: what a run is but its variant, seed, the rate, its device, and how often it is evaluated; eval_iters is
-# in, as it splits the windows into the half a sweep chooses on and the half a comparison reports), shown (in a
-# comparison's summary)
+# depend on: what a run is but its variant, seed, the rate, its device, and how often it evaluates, logs and saves;
+# eval_iters is in, as it splits the windows into the half a sweep chooses on and the half a comparison reports), shown
+# (in a comparison's summary)
 SETTINGS = dict(
     # I/O
     out_dir=Key('out'),

@@ -4,12 +4,13 @@ can act on, each ending the command with one sentence.
 
     python train.py [config/FILE.py ...] [--key=value ...]
 
-A config file (FILE.py) is plain Python, exec'd with the current settings in scope (so it may write `lr_decay_iters =
-max_iters`); every public name it assigns must be a known key (names starting with '_', and functions and modules of
-other names, are its own helpers). Then each --key=value override is applied in order, also one written before a file. A
-value must have the type of the key's default: an int key takes 12 or 1e4 but not 3.5 (never silently truncated), a
-float key 3 or 6e-4, a bool key True/False (--key alone means True), a str key the text as written (no NUL character);
-an int is one of 64 bits. A key whose default is None means "auto" and also takes the word auto.
+A config file (FILE.py) is plain Python, exec'd with the defaults and the earlier files' settings in scope (so it may
+write `lr_decay_iters = max_iters`); every public name it assigns must be a known key (names starting with '_', and
+functions and modules of other names, are its own helpers). Then each --key=value override is applied in order, also one
+written before a file, which therefore never sees it. A value must have the type of the key's default: an int key takes
+12 or 1e4 but not 3.5 (never silently truncated), a float key 3 or 6e-4, a bool key True/False (--key alone means True),
+a str key the text as written (no NUL character); an int is one of 64 bits. A key whose default is None means "auto" and
+also takes the word auto.
 
 A mistake raises UserError with one sentence; run_cli(main) prints it on stderr and exits with status 2, no traceback.
 A file nanoFFN wrote itself is trusted where it is used, and any failure to use it becomes such a sentence (reading).
@@ -176,6 +177,8 @@ def parse_args(defaults, argv, types=None, prog='train.py', doc='', notes=()):
     settings and the keys set explicitly, each with what set it last ('--' for an override, else the config file's
     path), so that e.g. a resumed run can tell the user's choices from plain defaults, and say where each came from."""
     config, given, types = dict(defaults), {}, types or {}
+    if asked := [i for i, arg in enumerate(argv) if arg in ('-h', '--help')]:
+        argv = argv[:asked[0] + 1]  # --help shows the values the arguments before it give
     for arg in sorted(argv, key=lambda a: a.startswith('-')):  # the config files first: an override always wins
         if arg in ('-h', '--help'):
             print(format_help(prog, config, doc, notes))
@@ -218,7 +221,7 @@ def _interrupted(signum, frame):
 def quiet_interrupt(name):
     """Ctrl-C ends the command at once with 'interrupted.' and status 130 until run_cli starts main, and again once
     main is done: a command's first statement (`quiet_interrupt(__name__)`), before it imports torch for seconds. Only
-    for a script run as a command, and not where SIGINT is ignored (nohup, a shell's background job)."""
+    for a script run as a command, and not where SIGINT is ignored (a script's background job, `cmd &`)."""
     if name == '__main__' and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupted)
 

@@ -731,7 +731,7 @@ def test_a_shared_rate_of_0_plans_untuned_runs(shakespeare_char_dir, tmp_path):
 
 
 def test_a_run_that_ignores_sigint_as_its_background_compare_does_is_stopped_at_once():
-    """A compare.py started in the background of a script (or under nohup) ignores SIGINT, and so does each run it
+    """A compare.py started in the background of a script (`compare.py &`) ignores SIGINT, and so does each run it
     starts: stopping them, a `kill` of compare.py sends SIGTERM, not a SIGINT they would ignore for a minute."""
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the child, as a run inherits it
     try:

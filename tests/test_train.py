@@ -361,6 +361,9 @@ def test_help_says_what_each_key_is_by_the_comment_beside_it(capsys):
     out = capsys.readouterr().out
     assert e.value.code == 0 and re.search(r"^  --threads +2  # torch's CPU threads; 0 = OMP_NUM_THREADS", out, re.M)
     assert re.search(r"^  --n_layer +6$", out, re.M)  # no comment, no note
+    with pytest.raises(SystemExit) as e:  # what comes after --help is not read: no config file to find
+        parse_args(configurator.DEFAULTS, ['--n_layer=3', '--help', 'config/missing.py'], types=configurator.TYPES)
+    assert e.value.code == 0 and re.search(r"^  --n_layer +3$", capsys.readouterr().out, re.M)
 
 
 def test_configurator_config_file(tmp_path):
