@@ -141,6 +141,13 @@ def dataset_vocab(dataset, data_dir):
     return vocab if type(vocab) is int and vocab > 0 else 0
 
 
+def check_vocab_size(cfg, vocab):
+    """A new run's vocab_size must hold the dataset's vocabulary of vocab tokens (0: not known yet, not checked)."""
+    if cfg['init_from'] == 'scratch' and 0 < cfg['vocab_size'] < vocab:
+        raise UserError(f"--vocab_size={cfg['vocab_size']} is smaller than the dataset's {vocab} tokens; leave it at 0 "
+                        f"to take the dataset's.")
+
+
 def min_params(c):
     """A lower bound of GPT(c)'s parameters from its settings alone: the token embedding (tied to the output layer),
     a learned position table, each block's attention (4d²) and FFN matrices (2dm, gated 3dm; an MoE layer's E experts
@@ -219,7 +226,9 @@ def check(cfg):
             raise UserError(f"--{key} must be in [0, 1), got {cfg[key]}.")
     if not 0 <= cfg['seed'] <= MAX_SEED:
         raise UserError(f"--seed must be between 0 and {MAX_SEED}, got {cfg['seed']}.")
-    config = model_config({**cfg, 'vocab_size': cfg['vocab_size'] or dataset_vocab(cfg['dataset'], cfg['data_dir'])})
+    vocab = dataset_vocab(cfg['dataset'], cfg['data_dir'])
+    check_vocab_size(cfg, vocab)  # where the dataset is prepared already: before a comparison writes anything
+    config = model_config({**cfg, 'vocab_size': cfg['vocab_size'] or vocab})
     check_memory(cfg, config)
     # the activation keys (poly_order, act_dict, la_init, moa_gate) are checked as activations are built: the chosen
     # variant's, and the ones that read the keys it does not (la_init=onehot needs entries that differ by variant)
@@ -272,7 +281,5 @@ def model_args(cfg, meta, ckpt):
                             f"{', '.join(differ)} (prepared again?); resume with the data it trained on, or train a "
                             f"new run in another out_dir.")
         return args
-    if 0 < cfg['vocab_size'] < meta['vocab_size']:
-        raise UserError(f"--vocab_size={cfg['vocab_size']} is smaller than the dataset's {meta['vocab_size']} tokens; "
-                        f"leave it at 0 to take the dataset's.")
+    check_vocab_size(cfg, meta['vocab_size'])
     return {**{k: cfg[k] for k in keys_that('model')}, 'vocab_size': cfg['vocab_size'] or meta['vocab_size']}

@@ -713,6 +713,15 @@ def test_the_model_checked_has_the_datasets_vocabulary_unless_vocab_size_is_give
     configurator.check(run_settings(vocab_size=0))
     configurator.check(run_settings(vocab_size=100))
     assert checked == [77, 100]
+    # one too few for the dataset's tokens: refused before anything is built or written (a resume keeps its model)
+    said = "--vocab_size=76 is smaller than the dataset's 77 tokens; leave it at 0 to take the dataset's."
+    with pytest.raises(UserError) as e:
+        configurator.check(run_settings(vocab_size=76))
+    assert str(e.value) == said
+    configurator.check(run_settings(vocab_size=76, init_from='resume'))
+    with pytest.raises(UserError) as e:  # where the dataset was prepared only as the run started
+        configurator.model_args(run_settings(vocab_size=76), {'vocab_size': 77}, None)
+    assert str(e.value) == said
 
 
 def test_an_activations_refusal_is_one_sentence_with_one_full_stop(run_settings, monkeypatch):
