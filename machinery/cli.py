@@ -20,6 +20,7 @@ library is imported here, so that a command can call it first, and on Windows it
 """
 import ast
 import difflib
+import errno
 import os
 import re
 import signal
@@ -228,9 +229,9 @@ def quiet_interrupt(name):
 
 def run_cli(main, argv=None):
     """Run main(argv); a UserError becomes 'error: message' on stderr with exit status 2 (no traceback), a RunStopped
-    'stopped: message' with status 3, Ctrl-C 'interrupted.' with status 130, a Terminated 'terminated.' with 143, a
-    closed stdout pipe quietly 141. Within main, Ctrl-C is Python's KeyboardInterrupt (a run saves nothing
-    half-written, then stops)."""
+    (or a full disk under stdout) 'stopped: message' with status 3, Ctrl-C 'interrupted.' with status 130, a Terminated
+    'terminated.' with 143, a closed stdout pipe quietly 141. Within main, Ctrl-C is Python's KeyboardInterrupt (a run
+    saves nothing half-written, then stops)."""
     quiet = signal.getsignal(signal.SIGINT) is _interrupted
     if hasattr(sys.stdout, 'reconfigure'):  # a result reaches a log file as it is printed, in order with stderr's lines
         sys.stdout.reconfigure(line_buffering=True)
@@ -249,6 +250,11 @@ def run_cli(main, argv=None):
     except BrokenPipeError:  # stdout's reader stopped reading (`| head`): end quietly, as a shell tool does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
         sys.exit(141)
+    except OSError as e:  # a full disk under stdout (`> log`): a file nanoFFN writes says so itself (RunStopped)
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        message, status = f"stopped: could not write the output ({e.strerror}); free some space, then try again.", 3
     finally:
         if quiet:  # the exit (torch's and wandb's handlers at shutdown) is as quiet as the start
             signal.signal(signal.SIGINT, _interrupted)

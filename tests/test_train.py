@@ -430,6 +430,16 @@ def test_a_closed_stdout_pipe_ends_quietly():
     assert p.wait(timeout=60) == 141 and p.stderr.read() == b''
 
 
+@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='no /dev/full (a device always full) here')
+def test_stdout_on_a_full_disk_stops_in_one_sentence():
+    """`python train.py --help > log` with the disk full: one sentence and status 3, as any write that fails."""
+    with open('/dev/full', 'w') as full:
+        p = subprocess.run([sys.executable, 'train.py', '--help'], cwd=ROOT, stdout=full, stderr=subprocess.PIPE,
+                           text=True, env=env(), timeout=60)
+    assert p.returncode == 3 and p.stderr == ("stopped: could not write the output (No space left on device); free "
+                                              "some space, then try again.\n")
+
+
 def test_results_reach_a_log_file_as_they_are_printed():
     """`python train.py > log 2>&1` (a Slurm output file): each line on stdout is written as it is printed, in order
     with the progress on stderr, not when stdout's buffer fills at the end."""
