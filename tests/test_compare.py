@@ -296,7 +296,8 @@ def test_only_a_diverged_run_is_an_outcome(tmp_path):
 
 def test_a_run_without_a_checkpoint_does_not_make_the_times_mixed(tmp_path):
     """Whether times are compiled comes from the runs' checkpoints: one that stopped before its first says nothing."""
-    cfg = compare.settings([f'--out_dir={tmp_path}', '--variants=gelu,relu2', '--seeds=1', '--vocab_size=65', *TINY])
+    cfg = compare.settings([f'--out_dir={tmp_path}', f'--data_dir={tmp_path}', '--variants=gelu,relu2', '--seeds=1',
+                            '--vocab_size=65', *TINY])  # no dataset there: none read
     planned = grid_specs(cfg)
     for r in planned:
         os.makedirs(r['dir'])
