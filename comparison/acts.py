@@ -18,6 +18,7 @@ from activations import make_activations
 from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint, loading
 from machinery.cli import UserError
 from comparison.plots import figure, palette, save_figure
+from comparison.runs import data_now
 from machinery.files import write_json
 from machinery.fingerprint import code_hash
 from machinery.run_log import LOG, codes_of, read_log_lines
@@ -123,14 +124,16 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
     log, damaged = log or read_log_lines(os.path.join(out_dir, LOG))
     with loading(path):  # its data stream's settings; a UserError (the data moved) passes as it is
         cfg, iter_num = ckpt['config'], ckpt['iter_num']
-        data = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],
-                          data_dir=data_dir or cfg['data_dir'])
+        data_dir = data_dir or cfg['data_dir']
+        meta, val_hash = data_now({**cfg, 'data_dir': data_dir})  # as a comparison reads it (its scan's, cached)
         # the windows its checkpoint's evaluation scored (a resume may have evaluated others since, and saved nothing)
         logged = next((r['val_hash'] for r in log if r['iter'] == iter_num and 'val_hash' in r), None)
-        if ckpt['meta'] != data.meta or logged is not None and logged != data.val_hash(cfg['eval_iters']):
-            raise UserError(f"{data.dir} holds other data than {out_dir} trained on (prepared again since?), so its "
-                            f"inputs are not the run's; prepare the data it trained on, or point --data_dir at them.")
-        idx = data.val_batches(1)[0][0].to(device)
+        if ckpt['meta'] != meta or logged not in (None, val_hash):
+            raise UserError(f"{os.path.join(data_dir, cfg['dataset'])} holds other data than {out_dir} trained on "
+                            f"(prepared again since?), so its inputs are not the run's; prepare the data it trained "
+                            f"on, or point --data_dir at them.")
+        idx = DataLoader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'],
+                         data_dir=data_dir).val_batches(1)[0][0].to(device)
     init_acts = make_activations(model.config)
     layers = []
     for block, x in zip(model.transformer.h, model.ffn_inputs(idx)):

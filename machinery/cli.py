@@ -247,13 +247,12 @@ def run_cli(main, argv=None):
         message, status = 'interrupted.', 130
     except Terminated:
         message, status = 'terminated.', 143
-    except BrokenPipeError:  # stdout's reader stopped reading (`| head`): end quietly, as a shell tool does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
-        sys.exit(141)
-    except OSError as e:  # a full disk under stdout (`> log`): a file nanoFFN writes says so itself (RunStopped)
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+    except OSError as e:  # on stdout: its reader stopped reading (`| head`), or its disk is full (`> log`)
+        if e.errno not in (errno.EPIPE, errno.ENOSPC, errno.EDQUOT):  # the files nanoFFN writes say so (RunStopped)
             raise
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
+        if e.errno == errno.EPIPE:
+            sys.exit(141)  # quietly, as a shell tool ends
         message, status = f"stopped: could not write the output ({e.strerror}); free some space, then try again.", 3
     finally:
         if quiet:  # the exit (torch's and wandb's handlers at shutdown) is as quiet as the start
