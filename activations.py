@@ -185,8 +185,8 @@ def _init_alpha(names, la_init):
         return torch.ones(K)
     if la_init.startswith("onehot:") and la_init[len("onehot:"):] in names:
         return F.one_hot(torch.tensor(names.index(la_init[len("onehot:"):])), K).float()
-    raise ValueError(f"la_init must be onehot, mean, sum or onehot:NAME with NAME one of {', '.join(names)} (or A/B of "
-                     f"the last three: gate/up branch); got {la_init!r}")
+    raise ValueError(f"la_init must be onehot, mean, sum or onehot:NAME with NAME one of {', '.join(names)}, or A/B, "
+                     f"each of mean, sum or onehot:NAME (gate/up branch); got {la_init!r}")
 
 
 class LA(Activation):

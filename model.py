@@ -43,7 +43,7 @@ class GPTConfig:
     ffn_mult: float = 4.0  # non-gated hidden width m = ffn_mult·d; gated variants use ≈ 2/3 of it (same weights)
     poly_order: int = 3  # r of PolyReLU / PolyNorm (2–4)
     act_dict: str = "identity,relu,relu2,gelu,silu,tanh"  # LA / MoA dictionary
-    la_init: str = "onehot"  # onehot (as the baseline: gelu, swiglu) | mean | sum | onehot:NAME ('A/B': gate/up)
+    la_init: str = "onehot"  # onehot (as the baseline: gelu, swiglu) | mean | sum | onehot:NAME; A/B: gate/up (mlp: A)
     moa_gate: str = "sigmoid"  # sigmoid | softmax | tanh | plain_sigmoid (activations.MOA_GATES)
     # toy mixture of experts (n_expert = 0: dense)
     n_expert: int = 0

@@ -63,8 +63,8 @@ def settings(argv):
 
 
 def get_lr(it, cfg):
-    """Learning rate of iteration `it` (0-based): linear warmup, then cosine decay, or stable-then-linear decay
-    (wsd), down to min_lr at lr_decay_iters, and min_lr after that."""
+    """Learning rate of iteration `it` (0-based): linear warmup, then learning_rate (constant), or a cosine decay or a
+    stable-then-linear decay (wsd) down to min_lr at lr_decay_iters, and min_lr after that."""
     lr, min_lr, warmup = cfg['learning_rate'], cfg['min_lr'], cfg['warmup_iters']
     decay_iters = cfg['lr_decay_iters'] or cfg['max_iters']
     if it < warmup:
@@ -178,6 +178,7 @@ def restore(ckpt, r):
                 raise ValueError("its optimizer's state is not that of AdamW on this model after its steps")
         if ckpt.get('scaler'):
             r.scaler.load_state_dict(ckpt['scaler'])
+        decay_was = ckpt['config']['lr_decay_iters'] or ckpt['config']['max_iters']
         r.iter_num, r.best_val_loss, r.tokens, r.train_time = (ckpt[k] for k in ('iter_num', 'best_val_loss',
                                                                                  'tokens', 'train_time'))
         if not len(ckpt['loader']) == len(ckpt['rng']) == ckpt['world_size']:  # refused by every process, rank 0 too
@@ -191,6 +192,9 @@ def restore(ckpt, r):
     if ckpt.get('code') not in (None, code_hash()) and r.master:  # notes, like progress, on stderr
         print(f"note: the checkpoint was trained with {OTHER_CODE}; the run continues with the code as it is.",
               file=sys.stderr)
+    if not r.cfg['lr_decay_iters'] and r.cfg['max_iters'] != decay_was and r.master:  # 0 follows max_iters
+        print(f"note: the learning rate now decays to min_lr at iteration {r.cfg['max_iters']}, not {decay_was}; "
+              f"give --lr_decay_iters={decay_was} to keep the checkpoint's schedule.", file=sys.stderr)
     if not same and r.master:
         print(f"note: the checkpoint was written by {ckpt['world_size']} process(es), this run has "
               f"{r.hw.world_size}; the data stream continues, dropout randomness does not.", file=sys.stderr)

@@ -117,7 +117,8 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
         raise UserError(f"--bins must be between 2 and {MAX_BINS}, got {bins}.")
     if ckpt is None:
         hint = ("a run writes it at its first evaluation after a step: wait for that, or use another --out_dir"
-                if os.path.isdir(out_dir) else "no such folder; give the --out_dir of a run")
+                if os.path.isdir(out_dir) else f"{'a file' if os.path.exists(out_dir) else 'no such folder'}; give the "
+                f"--out_dir of a run")
         ckpt = load_checkpoint(out_dir, hint + " (a comparison's runs are its OUT/VARIANT/[lrRATE/]seedN).")
     path = os.path.join(out_dir, CKPT)
     model = checkpoint_model(ckpt, path, lambda args: GPT(GPTConfig(**args))).to(device).eval()

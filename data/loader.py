@@ -47,8 +47,10 @@ def open_loader(dataset, block_size, batch_size, seed, data_dir="data", rank=0, 
         if dataset not in BUNDLED or not prepare:
             raise
     out = os.path.join(data_dir, dataset)
+    if not os.path.isdir(data_dir):  # a typo, or a command run outside the repository: no folder is made for it
+        raise UserError(f"--data_dir={data_dir} is not a folder here; give the folder that holds the datasets (the "
+                        f"repository's data/, the default when run from its root).")
     try:
-        os.makedirs(data_dir, exist_ok=True)
         lock = open(os.path.join(data_dir, f".{dataset}.lock"), "a")
     except OSError as e:
         raise UserError(f"could not prepare {dataset} into {out} ({e.strerror or e}); point --data_dir at a folder you "

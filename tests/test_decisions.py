@@ -559,13 +559,13 @@ def resumed(world_size, rank, saved_world, n_states, monkeypatch, capsys, device
         opt.state[p]['step'] = torch.tensor(float(step))
     ckpt = {'optimizer': opt.state_dict(), 'scaler': None, 'iter_num': 4, 'best_val_loss': 2.0, 'tokens': 64,
             'train_time': 1.0, 'world_size': saved_world, 'loader': [f'loader{i}' for i in range(n_states)],
-            'rng': [f'rng{i}' for i in range(n_states)]}
+            'rng': [f'rng{i}' for i in range(n_states)], 'config': {'lr_decay_iters': 0, 'max_iters': 4}}
     rngs = []
     monkeypatch.setattr(train, 'set_rng_state', lambda state, device_type: rngs.append((state, device_type)))
     r = types.SimpleNamespace(optimizer=torch.optim.AdamW([torch.nn.Parameter(torch.ones(3))]), scaler=None,
                               loader=Loader(), hw=types.SimpleNamespace(world_size=world_size, rank=rank,
                                                                         device_type=device_type),
-                              master=rank == 0, ckpt_path='run/ckpt.pt')
+                              master=rank == 0, ckpt_path='run/ckpt.pt', cfg=ckpt['config'])
     train.restore(ckpt, r)
     assert (r.iter_num, r.tokens, r.saved_iter) == (4, 64, 4)
     return r.loader.loaded, rngs, capsys.readouterr().err  # a note is on stderr
@@ -673,7 +673,8 @@ REFUSED_SETTINGS = [
     (dict(seed=configurator.MAX_SEED + 1), "--seed must be between 0 and 2147483647, got 2147483648."),
     (dict(ffn='polyrelu', poly_order=9), "--poly_order must be 2, 3 or 4, got 9."),  # the activation's, as a flag
     *((dict(ffn=ffn, la_init=v), f"--la_init must be onehot, mean, sum or onehot:NAME with NAME one of identity, relu, "
-                                 f"relu2, gelu, silu, tanh (or A/B of the last three: gate/up branch); got {got!r}.")
+                                 f"relu2, gelu, silu, tanh, or A/B, each of mean, sum or onehot:NAME (gate/up branch); "
+                                 f"got {got!r}.")
       for ffn, v, got in [('la_glu', 'onehot/mean', 'onehot/mean'),  # bare onehot is a whole variant's init
                           ('la_glu', 'mean/sum/onehot:relu', 'mean/sum/onehot:relu'),  # two branches, two parts
                           ('la', 'mean/bad', 'bad'), ('moa', 'onehot:tanhh', 'onehot:tanhh')]),  # B, read or not
@@ -683,8 +684,8 @@ REFUSED_SETTINGS = [
     # the dictionary named from BASIS: an entry a learner adds (README's softplus) is listed too
     (dict(ffn='gelu', act_dict='foo'), f"--act_dict must be a comma-separated list of {', '.join(BASIS)}; got 'foo'."),
     (dict(ffn='polynorm', la_init='bogus'), "--la_init must be onehot, mean, sum or onehot:NAME with NAME one of "
-                                            "identity, relu, relu2, gelu, silu, tanh (or A/B of the last three: "
-                                            "gate/up branch); got 'bogus'."),
+                                            "identity, relu, relu2, gelu, silu, tanh, or A/B, each of mean, sum or "
+                                            "onehot:NAME (gate/up branch); got 'bogus'."),
     (dict(ffn='la', moa_gate='nope'), "--moa_gate must be one of sigmoid, softmax, tanh, plain_sigmoid; got 'nope'."),
 ]
 

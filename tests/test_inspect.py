@@ -326,16 +326,17 @@ def test_the_history_is_the_logged_record_and_a_log_without_it_still_inspects(co
     assert os.path.getsize(os.path.join(run, 'acts.png')) > 10_000
 
 
-@pytest.mark.parametrize('folder', ['empty', 'missing'])
+@pytest.mark.parametrize('folder', ['empty', 'missing', 'file'])
 def test_missing_checkpoint_is_one_line(tmp_path, capsys, folder):
-    """An empty folder (a comparison's, say) or none at all: there is no checkpoint, and where a comparison keeps
-    its runs."""
+    """An empty folder (a comparison's, say), none at all, or a file: there is no checkpoint, and where a comparison
+    keeps its runs."""
+    (tmp_path / 'file').write_text('')
     with pytest.raises(SystemExit) as e:
-        run_cli(inspect_run.main, [f'--out_dir={tmp_path / "nope" if folder == "missing" else tmp_path}'])
+        run_cli(inspect_run.main, [f'--out_dir={tmp_path / {"empty": "", "missing": "nope", "file": "file"}[folder]}'])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and 'there is no checkpoint at' in err[0]
-    hint = ('no such folder; give the --out_dir of a run' if folder == 'missing' else
-            'wait for that, or use another --out_dir')
+    hint = {'missing': 'no such folder; give the --out_dir of a run', 'file': 'a file; give the --out_dir of a run',
+            'empty': 'wait for that, or use another --out_dir'}[folder]
     assert f"{hint} (a comparison's runs are its OUT/VARIANT/[lrRATE/]seedN)." in err[0]
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -105,6 +106,19 @@ def test_a_resume_says_when_its_checkpoint_was_trained_with_other_code(shakespea
         train_py.main([f'--out_dir={out}', '--init_from=resume', '--max_iters=2'])
         said = 'note: the checkpoint was trained with other code of activations.py or model.py' in capsys.readouterr().err
         assert said == noted
+
+
+def test_a_resume_says_when_a_longer_run_moves_the_end_of_its_schedule(shakespeare_char_dir, tmp_path, capsys):
+    first = str(tmp_path / 'first')
+    train_here(shakespeare_char_dir, first, '--max_iters=2', '--eval_interval=2', '--lr_decay_iters=0')
+    for i, (given, noted) in enumerate(((['--max_iters=2'], False), (['--max_iters=4', '--lr_decay_iters=2'], False),
+                                        (['--max_iters=4'], True))):  # lr_decay_iters=0 follows max_iters
+        out = shutil.copytree(first, tmp_path / str(i))
+        capsys.readouterr()
+        train_py.main([f'--out_dir={out}', '--init_from=resume', *given])
+        said = ('note: the learning rate now decays to min_lr at iteration 4, not 2; give --lr_decay_iters=2 to keep '
+                "the checkpoint's schedule.") in capsys.readouterr().err
+        assert said == noted, given
 
 
 def test_a_float16_resume_continues_the_loss_scaler(shakespeare_char_dir, tmp_path):
@@ -626,6 +640,10 @@ def test_ddp_is_freed_before_its_process_group_is_destroyed(shakespeare_char_dir
 def test_a_bundled_dataset_is_prepared_on_demand(tmp_path, capsys):
     """A fresh clone has no prepared data: train.py prepares the bundled corpus itself (seconds), as compare.py does."""
     data, out = tmp_path / 'data', str(tmp_path / 'run')
+    with pytest.raises(UserError, match=f"^--data_dir={data} is not a folder here; give the folder that holds"):
+        train_here(str(data), out, '--max_iters=1', '--eval_interval=1')  # a typo: no folder is made for it
+    assert not data.exists() and not os.path.exists(out)
+    data.mkdir()
     train_here(str(data), out, '--max_iters=1', '--eval_interval=1')
     assert 'preparing the bundled dataset shakespeare_char' in capsys.readouterr().err
     assert (data / 'shakespeare_char' / 'meta.json').exists() and log(out)[-1]['iter'] == 1
