@@ -101,8 +101,13 @@ def tuned_rates(cfg, variants, own, overrides):
     untuned = [v for v in variants if rates[v] is None]
     if not untuned:
         return rates, None
-    why = ('no tuned rate' if not any(v in tuned for v in untuned) or cfg['tuned_at'] == here else
-           f"rates tuned at other settings (tuned_at {cfg['tuned_at'] or 'empty'}, these settings {here})")
+    other = [v for v in untuned if v in tuned and cfg['tuned_at'] != here]
+    why = []
+    if other:
+        why.append(f"rates tuned at other settings (tuned_at {cfg['tuned_at'] or 'empty'}, these settings {here})")
+    if len(other) < len(untuned):  # no tuned rate at all: named where the others' are tuned elsewhere
+        why.append('no tuned rate' + (f" for {', '.join(v for v in untuned if v not in other)}" if other else ''))
+    why = '; '.join(why)
     # the sweep repeats what makes the runs what they are (and where their data is), not how this command runs them,
     # nor its seed: the sweep chooses on seeds of its own. At another learning_rate than its config's, it sweeps a
     # grid around it (the config's rates need not include it).
@@ -154,6 +159,10 @@ def check_comparison(cfg, overrides=None):
                         "scored on the other half; give --eval_iters of at least 2.")
     seeds = [cfg['seed'] + i for i in range(cfg['seeds'])]
     fresh = [seeds[-1] + 1 + i for i in range(cfg['seeds'])] if grid else []  # a sweep's verdict: the seeds after
+    if (fresh or seeds)[-1] > configurator.MAX_SEED:
+        raise UserError(f"--seed={cfg['seed']} leaves no room for the {len(seeds + fresh)} seeds from it this "
+                        f"{'sweep' if grid else 'comparison'} runs; give --seed of at most "
+                        f"{configurator.MAX_SEED + 1 - len(seeds + fresh)}.")
     for v in variants:  # what train.py would refuse, said now, at each rate the variant runs at
         for lr in grid or [rates[v]]:
             try:
@@ -573,8 +582,7 @@ def write_report(cfg, comp, runs, fresh):
     else:
         summary, by_variant = report.summarize(head, runs, shapes, scored_by(comp))
     if summary['damaged_lines']:
-        print("compare: damaged log lines set aside (not JSON records as train.py writes them): " + ', '.join(
-            f"{n} in {path}" for path, n in summary['damaged_lines'].items()), file=sys.stderr)
+        print(f"compare: {report.damaged_note(summary)}", file=sys.stderr)
     with ctrl_c_held():  # the report's files land together: a Ctrl-C waits for the last of them
         if comp['grid']:
             plots.lr(os.path.join(cfg['out_dir'], 'lr.png'), summary)

@@ -221,6 +221,9 @@ def check(cfg):
                 'z_loss_weight'):
         if not (math.isfinite(cfg[key]) and cfg[key] >= 0):  # `not >=` also catches NaN
             raise UserError(f"--{key} must be a finite number >= 0, got {cfg[key]}.")
+    if cfg['min_lr'] > cfg['learning_rate']:  # the schedule ends at min_lr: it would rise to it
+        raise UserError(f"--min_lr={cfg['min_lr']} is above --learning_rate={cfg['learning_rate']}; give a min_lr at "
+                        f"most the learning rate.")
     for key in ('beta1', 'beta2'):  # AdamW's moment decay rates (Loshchilov & Hutter 2019) lie in [0, 1)
         if not 0.0 <= cfg[key] < 1.0:
             raise UserError(f"--{key} must be in [0, 1), got {cfg[key]}.")

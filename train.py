@@ -139,7 +139,7 @@ def set_up(cfg, checkpoint):
         r.model = DDP(r.model, device_ids=[hw.local_rank] if hw.device_type == 'cuda' else None)
         r.model.broadcast_buffers = False  # the only buffers, RoPE's tables, never change: not re-sent every step
     r.eval_model = r.model.module if hw.ddp else r.model  # no DDP hooks in evaluation
-    r.iter_num, r.best_val_loss, r.tokens, r.train_time, r.saved_iter = 0, float('inf'), 0, 0.0, None
+    r.iter_num, r.best_val_loss, r.tokens, r.train_time, r.saved_iter, r.saved_lines = 0, float('inf'), 0, 0.0, None, 0
     if checkpoint is not None:  # optimizer, scaler, counters, and every rank's data stream and RNG, exactly
         restore(checkpoint, r)
     r.lock = r.wandb_run = None
@@ -151,6 +151,9 @@ def set_up(cfg, checkpoint):
         if cfg['wandb_log']:  # before the old run is replaced: a wandb that cannot start leaves it as it was
             r.wandb_run = wandb_log.start(cfg, r.out_dir)
         r.log_lines = open_for_try(r.out_dir, r.saved_iter)
+        if r.log_lines < r.saved_lines:  # lost since: deleted, cut by hand
+            print(f"warning: {r.out_dir}/{LOG} holds {r.log_lines} of the {r.saved_lines} lines its checkpoint "
+                  f"follows; the run goes on without the lost ones.", file=sys.stderr)
         print(f"{cfg['dataset']} ({r.loader.meta.get('tokenizer')}, vocab {r.loader.meta['vocab_size']}): "
               f"{r.tokens_per_iter:,} tokens per iteration ({hw.world_size} process(es) x {r.accumulation} "
               f"accumulation steps x {cfg['batch_size']} x {cfg['block_size']})")
@@ -179,6 +182,7 @@ def restore(ckpt, r):
         if ckpt.get('scaler'):
             r.scaler.load_state_dict(ckpt['scaler'])
         decay_was = ckpt['config']['lr_decay_iters'] or ckpt['config']['max_iters']
+        r.saved_lines = ckpt['log_lines']  # the log's lines up to it
         r.iter_num, r.best_val_loss, r.tokens, r.train_time = (ckpt[k] for k in ('iter_num', 'best_val_loss',
                                                                                  'tokens', 'train_time'))
         if not len(ckpt['loader']) == len(ckpt['rng']) == ckpt['world_size']:  # refused by every process, rank 0 too

@@ -365,6 +365,11 @@ def acts_section(summary):
     return lines
 
 
+def damaged_note(summary):
+    return "damaged log lines set aside (not JSON records as train.py writes them): " + ', '.join(
+        f"{n} in {path}" for path, n in summary['damaged_lines'].items())
+
+
 def write_markdown(path, summary):
     tokens = max(s['tokens'] for s in summary['variants'].values())  # a diverged run logged fewer
     same = all(summary['same_batches'].values()) and summary['same_val_windows']
@@ -399,6 +404,8 @@ def write_markdown(path, summary):
         lines += ['WARNING: runs of the same seed saw different training batches (batch_hash differs).', '']
     if summary['same_val_windows'] is False:
         lines += ['WARNING: runs were evaluated on different validation windows (val_hash differs).', '']
+    if summary['damaged_lines']:  # the curves and times go without them
+        lines += [f"WARNING: {damaged_note(summary)}.", '']
     lines += [f"{v} seed {r['seed']} diverged after its last logged iteration, {r['iters']} (see "
               f"{r['dir']}/diverged.txt).\n"
               for v, s in summary['variants'].items() for r in s['runs'] if r['status'] != 'done']

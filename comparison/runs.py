@@ -111,7 +111,7 @@ def variant_rates(text, key):
 def variant_settings(label):
     """The settings a variant of a comparison stands for: a name of activations.VARIANTS, optionally carrying model
     settings of its own, so that one comparison can vary them: 'polyrelu:poly_order=2' -> {'ffn': 'polyrelu',
-    'poly_order': 2}."""
+    'poly_order': 2}; a dictionary's entries are joined by '+', as a comma ends the variant (la:act_dict=gelu+relu)."""
     name, *own = label.split(':')
     try:
         check_variant(name)
@@ -119,10 +119,17 @@ def variant_settings(label):
         raise UserError(f"{e}.") from None
     keys = {k: DEFAULTS[k] for k in keys_that('model') if k != 'ffn'}
     try:
-        cfg, given = parse_args(keys, [f'--{item}' for item in own], prog='compare.py')
+        cfg, given = parse_args(keys, [f'--{item.replace("+", ",") if item.startswith("act_dict") else item}'
+                                       for item in own], prog='compare.py')
     except UserError as e:
         raise UserError(f"variant '{label}': {str(e).rstrip('.')} (a variant carries model settings as "
                         f"name:key=value, e.g. polyrelu:poly_order=2).") from None
+    if 'act_dict' in given and ',' not in cfg['act_dict']:  # la:act_dict=gelu,relu read as la of gelu alone, and relu
+        raise UserError(f"variant '{label}' carries a dictionary of one entry; a comma ends a variant, so join its "
+                        f"entries with '+', e.g. la:act_dict=gelu+relu.")
+    if stream := [k for k in keys_that('stream') if k in given]:  # block_size
+        raise UserError(f"variant '{label}' sets {stream[0]}, which fixes the batches and validation windows every "
+                        f"variant is paired on; give --{stream[0]} to all of them instead.")
     return {'ffn': name, **{k: cfg[k] for k in given}}
 
 

@@ -56,6 +56,8 @@ INT_RANGE = 2**63  # every int a command takes goes into int64 (torch, numpy) or
 
 def coerce(key, value, want, default, where):
     """Return `value` (a Python object) as type `want`, or raise UserError."""
+    if want is int and isinstance(value, float) and value.is_integer():  # 1e4 is an int-valued float: fine
+        value = int(value)
     if isinstance(value, int) and not -INT_RANGE <= value < INT_RANGE:  # also float(10**400) would overflow
         raise UserError(f"{where}{key} must lie within -2**63 and 2**63 - 1, got an int of {value.bit_length()} bits.")
     if isinstance(value, str) and '\0' in value:  # no file name or path can hold one, and argv cannot carry one
@@ -68,8 +70,6 @@ def coerce(key, value, want, default, where):
         return bool(value)
     if want is int and isinstance(value, int) and not isinstance(value, bool):
         return value
-    if want is int and isinstance(value, float) and value.is_integer():  # 1e4 is an int-valued float: fine
-        return int(value)
     if want is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if want is str and isinstance(value, str):

@@ -71,15 +71,18 @@ def write_json(path, obj):
 
 @contextmanager
 def ctrl_c_held():
-    """Within it, a Ctrl-C (SIGINT) waits: raised as KeyboardInterrupt once the block is done."""
+    """Within it, a Ctrl-C (SIGINT), and a SIGTERM the command stops on as on it (cli.raise_terminated), waits: handed
+    to its handler once the block is done. A signal the command ignores stays ignored."""
     received = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    held = [s for s in (signal.SIGINT, signal.SIGTERM) if callable(signal.getsignal(s))]
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in held}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
         if received:
-            raise KeyboardInterrupt
+            previous[received[0]](received[0], None)  # KeyboardInterrupt, Terminated
 
 
 def read_json(path):

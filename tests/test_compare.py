@@ -600,8 +600,13 @@ def test_a_variant_carries_model_settings_of_its_own(tmp_path):
     extras = [runs.meta_model({**s['settings'], 'vocab_size': 65}, '').param_report()['extras']
               for s in (default, order2)]
     assert extras[0] - extras[1] == cfg['n_layer']  # one coefficient fewer per layer
+    la = compare.settings([f'--out_dir={tmp_path}', '--variants=la:act_dict=gelu+relu,la:ffn_mult=1e+0', '--baseline=', '--seeds=1',
+                           *TINY])
+    assert [s['settings']['act_dict'] for s in grid_specs(la)] == ['gelu,relu', la['act_dict']]  # a float's + is kept
     for bad, words in [('polyrelu:order=2', "unknown config key 'order'"), ('polyrelu:poly_order=x', 'expects an int'),
-                       ('gelu:ffn=relu', "unknown config key 'ffn'"), ('polyrelu:poly_order=9', 'poly_order')]:
+                       ('gelu:ffn=relu', "unknown config key 'ffn'"), ('polyrelu:poly_order=9', 'poly_order'),
+                       ('gelu:block_size=64', 'sets block_size, which fixes the batches and validation windows'),
+                       ('la:act_dict=gelu,relu', "carries a dictionary of one entry; a comma ends a variant, so join")]:
         with pytest.raises(UserError, match=words):
             compare.check_comparison(compare.settings([f'--out_dir={tmp_path}', f'--variants=gelu,{bad}', '--baseline=',
                                                        *TINY]))
@@ -682,6 +687,9 @@ def test_a_variant_without_a_tuned_rate_is_named_untuned_with_the_command_that_t
     assert 'gelu, relu2, swiglu, polyrelu, polynorm, la, moa, moa_glu run untuned' in err
     assert 'rates tuned at other settings' in err and ' --n_embd=128` tunes them' in err  # not how the runs run
     assert 'lr_decay_iters' not in err
+    _, err = plan(['--n_embd=128', '--variants=gelu,xielu'], shakespeare_char_dir, tmp_path / 'mixed')
+    assert re.search(r'gelu, xielu run untuned, at the shared learning_rate 2e-3 \(rates tuned at other settings '
+                     r'\(tuned_at \w+, these settings \w+\); no tuned rate for xielu\)', err)
     _, err = plan(['--max_iters=30', '--max_iters=40'], shakespeare_char_dir, tmp_path / 'short')  # schedule: 300
     assert ('compare: note: lr_decay_iters=300 lies past max_iters=40, so the rate never decays to min_lr; '
             '--lr_decay_iters=0 ends the schedule with the runs.') in err
@@ -727,7 +735,7 @@ def test_mistakes_with_rates_are_one_sentence(argv, words):
 
 def test_a_shared_rate_of_0_plans_untuned_runs(shakespeare_char_dir, tmp_path):
     """learning_rate=0 has no ratio for min_lr to keep: the tuned rates do not apply, and nothing divides by it."""
-    lines, err = plan(['--learning_rate=0'], shakespeare_char_dir, tmp_path)
+    lines, err = plan(['--learning_rate=0', '--min_lr=0'], shakespeare_char_dir, tmp_path)
     assert len(lines) == 24 and 'run untuned, at the shared learning_rate 0 (' in err
 
 
@@ -874,12 +882,11 @@ def test_the_printed_tuning_command_tunes_exactly_this_comparison(shakespeare_ch
 
 
 def test_a_variants_own_rate_is_checked_before_any_run_directory_is_written(shakespeare_char_dir, tmp_path, capsys):
-    """gelu@1e12 at a learning_rate of 1e-300 and min_lr 1e-2 keeps the ratio: a min_lr of inf, refused in one
-    sentence before anything is written."""
-    argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={tmp_path / "out"}', '--variants=gelu@1e12,relu2',
-            '--learning_rate=1e-300', '--min_lr=1e-2', *TINY[1:]]
+    """gelu@inf's own rate is one a run refuses: refused in one sentence before anything is written."""
+    argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={tmp_path / "out"}', '--variants=gelu@1e999,relu2',
+            *TINY[1:]]
     code, err = call(compare.main, argv, capsys)
-    assert code == 2 and 'Traceback' not in err and len(err.strip().splitlines()) == 1 and 'min_lr' in err
+    assert code == 2 and 'Traceback' not in err and len(err.strip().splitlines()) == 1 and 'rate' in err
     assert not os.path.exists(tmp_path / 'out')
 
 

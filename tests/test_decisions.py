@@ -269,7 +269,12 @@ REFUSED = ([(['--variants=gelu,relu2@' + r], "'relu2@" + r + "' carries no rate"
               (['--lr_grid=-1'], 'between 0 and 10'), ([f'--lr_grid={compare.MAX_GRID + 1}'], 'between 0 and 10'),
               (['--lr_grid=2', '--learning_rate=0'], 'finite and above 0'),
               (['--lr_grid=2', '--learning_rate=1e308'], 'finite and above 0'),
-              (['--lr_grid=2', '--lrs=2e-3'], 'give one of them')])
+              (['--lr_grid=2', '--lrs=2e-3'], 'give one of them'),
+              # the seeds after --seed: a sweep's fresh ones too
+              (['--seeds=2', '--seed=2147483647'], 'no room for the 2 seeds from it this comparison runs; give '
+                                                     '--seed of at most 2147483646.'),
+              (['--seed=2147483647', '--lr_grid=1'], 'no room for the 2 seeds from it this sweep runs; give --seed of '
+                                                     'at most 2147483646.')])
 
 
 @pytest.mark.parametrize('argv, words', REFUSED, ids=[' '.join(a) for a, _ in REFUSED])
@@ -559,7 +564,8 @@ def resumed(world_size, rank, saved_world, n_states, monkeypatch, capsys, device
         opt.state[p]['step'] = torch.tensor(float(step))
     ckpt = {'optimizer': opt.state_dict(), 'scaler': None, 'iter_num': 4, 'best_val_loss': 2.0, 'tokens': 64,
             'train_time': 1.0, 'world_size': saved_world, 'loader': [f'loader{i}' for i in range(n_states)],
-            'rng': [f'rng{i}' for i in range(n_states)], 'config': {'lr_decay_iters': 0, 'max_iters': 4}}
+            'rng': [f'rng{i}' for i in range(n_states)], 'config': {'lr_decay_iters': 0, 'max_iters': 4},
+            'log_lines': 3}
     rngs = []
     monkeypatch.setattr(train, 'set_rng_state', lambda state, device_type: rngs.append((state, device_type)))
     r = types.SimpleNamespace(optimizer=torch.optim.AdamW([torch.nn.Parameter(torch.ones(3))]), scaler=None,
@@ -634,8 +640,9 @@ ACCEPTED = ([dict(init_from=v) for v in ('scratch', 'resume')]
                                 'eval_iters', 'log_interval', 'n_layer')]
             + [{k: 0} for k in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'threads')]
             + [dict(decay_frac=0.0), dict(decay_frac=1.0)]
-            + [{k: 0.0} for k in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops',
-                                  'aux_loss_weight', 'z_loss_weight')]
+            + [{k: 0.0} for k in ('min_lr', 'weight_decay', 'grad_clip', 'peak_flops', 'aux_loss_weight',
+                                  'z_loss_weight')]
+            + [dict(learning_rate=0.0, min_lr=0.0), dict(min_lr=configurator.DEFAULTS['learning_rate'])]
             + [{k: v} for k in ('beta1', 'beta2') for v in (0.0, BELOW_1)]
             + [dict(seed=0), dict(seed=configurator.MAX_SEED)]
             + [dict(n_expert=0, top_k=0)]  # top_k is a dense model's to ignore, in every check
@@ -665,6 +672,7 @@ REFUSED_SETTINGS = [
     (dict(min_lr=-math.inf), "--min_lr must be a finite number >= 0, got -inf."),
     (dict(grad_clip=math.nan), "--grad_clip must be a finite number >= 0, got nan."),
     (dict(weight_decay=-1e-3), "--weight_decay must be a finite number >= 0, got -0.001."),
+    (dict(min_lr=1e-3), "--min_lr=0.001 is above --learning_rate=0.0006; give a min_lr at most the learning rate."),
     (dict(beta1=1.0), "--beta1 must be in [0, 1), got 1.0."),
     (dict(beta2=1.5), "--beta2 must be in [0, 1), got 1.5."),
     (dict(beta1=-0.1), "--beta1 must be in [0, 1), got -0.1."),

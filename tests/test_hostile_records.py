@@ -60,6 +60,8 @@ SETTINGS = [
     ('NUL in compare.py data_dir', compare, config_file('data_dir = "da\\0ta"\n'), ['c.py: data_dir holds a NUL']),
     ('int beyond 64 bits', train, args(f'--vocab_size={10**30}'), ['--vocab_size must lie within -2**63']),
     ('int beyond 64 bits in a config file', train, config_file('vocab_size = 10**30\n'), ['c.py: vocab_size must lie']),
+    ('int beyond 64 bits written as a float', train, args('--max_iters=1e30', '--batch_size=0'),  # never trained
+     ['--max_iters must lie within -2**63']),
     ('int beyond any float for a float', train, config_file('learning_rate = 10**400\n'), ['learning_rate must lie']),
     ('n_embd 10**15', train, args('--n_embd=1000000000000000'), ['needs at least', 'lower n_layer, n_embd']),
     ('vocab_size 2**62', train, args(f'--vocab_size={2**62}'), ['needs at least', 'or vocab_size']),

@@ -121,6 +121,19 @@ def test_a_resume_says_when_a_longer_run_moves_the_end_of_its_schedule(shakespea
         assert said == noted, given
 
 
+def test_a_resume_warns_of_log_lines_lost_since_its_checkpoint(shakespeare_char_dir, tmp_path, capsys):
+    out = str(tmp_path)
+    train_here(shakespeare_char_dir, out, '--max_iters=2', '--eval_interval=2')
+    lines = open(os.path.join(out, 'log.jsonl')).readlines()
+    for kept, warned in ((lines, False), (lines[1:], True)):  # a log cut by hand: its first line lost
+        open(os.path.join(out, 'log.jsonl'), 'w').writelines(kept)
+        capsys.readouterr()
+        train_py.main([f'--out_dir={out}', '--init_from=resume'])
+        said = (f"warning: {out}/log.jsonl holds {len(lines) - 1} of the {len(lines)} lines its checkpoint follows; "
+                "the run goes on without the lost ones.") in capsys.readouterr().err
+        assert said == warned
+
+
 def test_a_float16_resume_continues_the_loss_scaler(shakespeare_char_dir, tmp_path):
     """float16 scales the loss (torch.amp.GradScaler; CPU autocast runs float16 too): a resumed run continues the
     saved scaler, its scale and its count of steps since the last change, as one run of the same length has them."""

@@ -27,7 +27,7 @@ import inspect_run  # noqa: E402
 import train  # noqa: E402
 from comparison import runs  # noqa: E402
 from machinery import files as file_safety, run_log  # noqa: E402
-from machinery.cli import run_cli  # noqa: E402
+from machinery.cli import Terminated, raise_terminated, run_cli  # noqa: E402
 from comparison.runs import to_argv  # noqa: E402
 
 
@@ -164,6 +164,23 @@ def test_ctrl_c_during_a_checkpoint_waits_for_it(shakespeare_char_dir, tmp_path,
     same_log_and_weights(out, uninterrupted)
 
 
+@pytest.mark.parametrize('sig, handler, stop', [(signal.SIGINT, signal.default_int_handler, KeyboardInterrupt),
+                                                 (signal.SIGTERM, raise_terminated, Terminated)])
+def test_a_stop_signal_waits_for_the_files_that_land_together(tmp_path, monkeypatch, sig, handler, stop):
+    """compare.py stops on SIGTERM as on Ctrl-C: within ctrl_c_held either waits until every file is written, as a
+    report's summary.json and summary.md must come from one comparison."""
+    previous = signal.signal(sig, handler)
+    try:
+        with pytest.raises(stop):
+            with file_safety.ctrl_c_held():
+                file_safety.write_json(str(tmp_path / 'summary.json'), {})
+                os.kill(os.getpid(), sig)
+                file_safety.write_file(str(tmp_path / 'summary.md'), lambda f: f.write('x'))
+        assert sorted(os.listdir(tmp_path)) == ['summary.json', 'summary.md']
+    finally:
+        signal.signal(sig, previous)
+
+
 @pytest.mark.parametrize('when', ['second checkpoint', 'first checkpoint', 'from the start'])
 def test_a_full_disk_is_a_one_sentence_stop(shakespeare_char_dir, tmp_path, monkeypatch, capsys, when):
     """The disk fills up at the second checkpoint, before the first fits, or is full before the run starts (the lock,
@@ -271,6 +288,8 @@ def test_valid_json_of_the_wrong_shape_is_set_aside(compared, tmp_path, capsys, 
     assert code == 0 and 'Traceback' not in err
     assert [l for l in message_lines(err) if 'damaged' in l] == [f"compare: damaged log lines set aside (not JSON "
                                                                 f"records as train.py writes them): 1 in {path}"]
+    assert (f"WARNING: damaged log lines set aside (not JSON records as train.py writes them): 1 in {path}."
+            in open(os.path.join(out, 'summary.md')).read())  # where the table is read, not only on stderr
     code, err = call(inspect_run.main, [f'--out_dir={run}'], capsys)
     assert code == 0 and [l for l in message_lines(err)] == [f"warning: 1 damaged line(s) of {run}/log.jsonl set aside."]
 
