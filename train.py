@@ -150,10 +150,7 @@ def set_up(cfg, checkpoint):
         r.lock = lock_run_dir(r.out_dir)  # held until the run ends; the kernel drops it if the process dies
         if cfg['wandb_log']:  # before the old run is replaced: a wandb that cannot start leaves it as it was
             r.wandb_run = wandb_log.start(cfg, r.out_dir)
-        r.log_lines = open_for_try(r.out_dir, r.saved_iter)
-        if r.log_lines < r.saved_lines:  # lost since: deleted, cut by hand
-            print(f"warning: {r.out_dir}/{LOG} holds {r.log_lines} of the {r.saved_lines} lines its checkpoint "
-                  f"follows; the run goes on without the lost ones.", file=sys.stderr)
+        r.log_lines = open_for_try(r.out_dir, r.saved_iter, r.saved_lines)
         print(f"{cfg['dataset']} ({r.loader.meta.get('tokenizer')}, vocab {r.loader.meta['vocab_size']}): "
               f"{r.tokens_per_iter:,} tokens per iteration ({hw.world_size} process(es) x {r.accumulation} "
               f"accumulation steps x {cfg['batch_size']} x {cfg['block_size']})")
@@ -196,7 +193,8 @@ def restore(ckpt, r):
     if ckpt.get('code') not in (None, code_hash()) and r.master:  # notes, like progress, on stderr
         print(f"note: the checkpoint was trained with {OTHER_CODE}; the run continues with the code as it is.",
               file=sys.stderr)
-    if not r.cfg['lr_decay_iters'] and r.cfg['max_iters'] != decay_was and r.master:  # 0 follows max_iters
+    moved = r.cfg['schedule'] != 'constant' and not r.cfg['lr_decay_iters'] and r.cfg['max_iters'] != decay_was
+    if moved and r.master:  # lr_decay_iters=0 follows max_iters
         print(f"note: the learning rate now decays to min_lr at iteration {r.cfg['max_iters']}, not {decay_was}; "
               f"give --lr_decay_iters={decay_was} to keep the checkpoint's schedule.", file=sys.stderr)
     if not same and r.master:

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -38,8 +39,9 @@ def identity(settings, processes):
 
 
 def at_rate(settings, lr):
-    """The learning-rate settings of a run at peak rate lr instead of settings' own: min_lr keeps its ratio to it."""
-    return {'learning_rate': lr, 'min_lr': settings['min_lr'] * lr / settings['learning_rate'] if settings[
+    """The learning-rate settings of a run at peak rate lr instead of settings' own: min_lr keeps its ratio to it (at
+    most lr, which a ratio of 1 may pass by a rounding)."""
+    return {'learning_rate': lr, 'min_lr': min(lr, settings['min_lr'] * lr / settings['learning_rate']) if settings[
         'learning_rate'] else settings['min_lr']}
 
 
@@ -112,7 +114,7 @@ def variant_settings(label):
     """The settings a variant of a comparison stands for: a name of activations.VARIANTS, optionally carrying model
     settings of its own, so that one comparison can vary them: 'polyrelu:poly_order=2' -> {'ffn': 'polyrelu',
     'poly_order': 2}; a dictionary's entries are joined by '+', as a comma ends the variant (la:act_dict=gelu+relu)."""
-    name, *own = label.split(':')
+    name, *own = re.split(r':(?=[\w-]+=)', label)  # la:la_init=onehot:relu: a ':' before key= starts a setting
     try:
         check_variant(name)
     except ValueError as e:
@@ -125,8 +127,8 @@ def variant_settings(label):
         raise UserError(f"variant '{label}': {str(e).rstrip('.')} (a variant carries model settings as "
                         f"name:key=value, e.g. polyrelu:poly_order=2).") from None
     if 'act_dict' in given and ',' not in cfg['act_dict']:  # la:act_dict=gelu,relu read as la of gelu alone, and relu
-        raise UserError(f"variant '{label}' carries a dictionary of one entry; a comma ends a variant, so join its "
-                        f"entries with '+', e.g. la:act_dict=gelu+relu.")
+        raise UserError(f"variant '{label}' carries a dictionary of one entry, as a comma ends a variant; join its "
+                        f"entries with '+', e.g. la:act_dict=gelu+relu (one entry: la:act_dict=gelu+).")
     if stream := [k for k in keys_that('stream') if k in given]:  # block_size
         raise UserError(f"variant '{label}' sets {stream[0]}, which fixes the batches and validation windows every "
                         f"variant is paired on; give --{stream[0]} to all of them instead.")

@@ -73,12 +73,12 @@ def clear_diverged(out_dir):
         os.remove(os.path.join(out_dir, DIVERGED))
 
 
-def open_for_try(out_dir, saved_iter):
+def open_for_try(out_dir, saved_iter, saved_lines=0):
     """out_dir made ready for a new try of its run (by the process that locked it, once everything the run needs has
     been checked): the note of an earlier divergence and any half-written file go; a resumed run (saved_iter, its
-    checkpoint's iteration) keeps the log lines up to its checkpoint, a new one starts an empty log and its old
-    checkpoint goes now, so that a resume can never join it to the new log, with the pictures drawn of it (PICTURES).
-    Returns the log's lines."""
+    checkpoint's iteration) keeps the log lines up to its checkpoint (saved_lines of them when it was written), a new
+    one starts an empty log and its old checkpoint goes now, so that a resume can never join it to the new log, with
+    the pictures drawn of it (PICTURES). Returns the log's lines."""
     clear_diverged(out_dir)
     remove_dead_temps(out_dir)  # a save killed mid-write
     path = os.path.join(out_dir, LOG)
@@ -88,6 +88,9 @@ def open_for_try(out_dir, saved_iter):
         print(f"warning: {len(damaged)} damaged line(s) of {path} moved to {path}.damaged.", file=sys.stderr)
     # a resumed run writes the lines past its checkpoint again
     records = [r for r in records if saved_iter is not None and r['iter'] <= saved_iter]
+    if len(records) + len(damaged) < saved_lines:  # lost since: deleted, cut by hand
+        print(f"warning: {path} holds {len(records)} of the {saved_lines} lines up to its checkpoint; the run goes on, "
+              f"its log without the lost ones.", file=sys.stderr)
     write_text(path, ''.join(json.dumps(r) + '\n' for r in records))
     if saved_iter is None:
         for name in (CKPT, *PICTURES):

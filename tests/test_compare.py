@@ -600,13 +600,15 @@ def test_a_variant_carries_model_settings_of_its_own(tmp_path):
     extras = [runs.meta_model({**s['settings'], 'vocab_size': 65}, '').param_report()['extras']
               for s in (default, order2)]
     assert extras[0] - extras[1] == cfg['n_layer']  # one coefficient fewer per layer
-    la = compare.settings([f'--out_dir={tmp_path}', '--variants=la:act_dict=gelu+relu,la:ffn_mult=1e+0', '--baseline=', '--seeds=1',
-                           *TINY])
-    assert [s['settings']['act_dict'] for s in grid_specs(la)] == ['gelu,relu', la['act_dict']]  # a float's + is kept
+    la = compare.settings([f'--out_dir={tmp_path}', '--baseline=', '--seeds=1', *TINY,
+                           '--variants=la:act_dict=gelu+relu,la:ffn_mult=1e+0,la:act_dict=gelu+,la:la_init=onehot:relu'])
+    assert [{k: s['settings'][k] for k in ('act_dict', 'la_init')} for s in grid_specs(la)] == [
+        {'act_dict': 'gelu,relu', 'la_init': 'onehot'}, {'act_dict': la['act_dict'], 'la_init': 'onehot'},  # 1e+0
+        {'act_dict': 'gelu,', 'la_init': 'onehot'}, {'act_dict': la['act_dict'], 'la_init': 'onehot:relu'}]
     for bad, words in [('polyrelu:order=2', "unknown config key 'order'"), ('polyrelu:poly_order=x', 'expects an int'),
                        ('gelu:ffn=relu', "unknown config key 'ffn'"), ('polyrelu:poly_order=9', 'poly_order'),
                        ('gelu:block_size=64', 'sets block_size, which fixes the batches and validation windows'),
-                       ('la:act_dict=gelu,relu', "carries a dictionary of one entry; a comma ends a variant, so join")]:
+                       ('la:act_dict=gelu,relu', r"one entry, as a comma ends a variant; join its entries with '\+'")]:
         with pytest.raises(UserError, match=words):
             compare.check_comparison(compare.settings([f'--out_dir={tmp_path}', f'--variants=gelu,{bad}', '--baseline=',
                                                        *TINY]))
@@ -881,13 +883,13 @@ def test_the_printed_tuning_command_tunes_exactly_this_comparison(shakespeare_ch
     assert lines and all('--nproc_per_node=2' in line for line in lines)
 
 
-def test_a_variants_own_rate_is_checked_before_any_run_directory_is_written(shakespeare_char_dir, tmp_path, capsys):
-    """gelu@inf's own rate is one a run refuses: refused in one sentence before anything is written."""
-    argv = [f'--data_dir={shakespeare_char_dir}', f'--out_dir={tmp_path / "out"}', '--variants=gelu@1e999,relu2',
-            *TINY[1:]]
-    code, err = call(compare.main, argv, capsys)
-    assert code == 2 and 'Traceback' not in err and len(err.strip().splitlines()) == 1 and 'rate' in err
-    assert not os.path.exists(tmp_path / 'out')
+def test_a_min_lr_equal_to_the_rate_stays_equal_at_each_variants_own_rate(shakespeare_char_dir, tmp_path):
+    """min_lr keeps its ratio to each rate a run takes; a ratio of 1 times 7e-4 rounds above 7e-4, which a run would
+    refuse, so it is kept at the rate: every run is planned, each with min_lr equal to its rate."""
+    lines, _ = plan(['--variants=gelu@7e-4,relu2', '--learning_rate=3e-3', '--min_lr=3e-3', '--seeds=1'],
+                    shakespeare_char_dir, tmp_path)
+    assert [re.search(r' --learning_rate=(\S+) .* --min_lr=(\S+) ', line).groups() for line in lines] == [
+        ('0.0007', '0.0007'), ('0.003', '0.003')]
 
 
 def test_a_summary_explains_active_parameters_only_where_it_shows_them(tmp_path):

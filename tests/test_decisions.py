@@ -247,6 +247,8 @@ def test_a_run_at_a_rate_is_named_by_it_and_one_at_the_shared_rate_keeps_the_set
     assert at['dir'] == os.path.join('o', 'gelu', 'lr0.004', 'seed7') and at['processes'] == 2
     assert at['name'] == 'gelu seed 7 lr 0.004'
     assert runs.at_rate({'learning_rate': 0.0, 'min_lr': 1e-4}, 4e-3) == {'learning_rate': 4e-3, 'min_lr': 1e-4}
+    same = runs.at_rate({'learning_rate': 3e-3, 'min_lr': 3e-3}, 7e-4)  # 3e-3 * 7e-4 / 3e-3 rounds above 7e-4
+    assert same == {'learning_rate': 7e-4, 'min_lr': 7e-4}  # not above the rate, which its run would refuse
     tracked = runs.make_run({**cfg, 'wandb_log': True, 'wandb_tags': 'a,b'}, 'gelu', 7, 4e-3)['settings']
     assert (tracked['wandb_group'], tracked['wandb_run_name'], tracked['wandb_tags']) == (
         'o', 'gelu-seed7-lr0.004', 'a,b,gelu,seed7')
@@ -564,8 +566,8 @@ def resumed(world_size, rank, saved_world, n_states, monkeypatch, capsys, device
         opt.state[p]['step'] = torch.tensor(float(step))
     ckpt = {'optimizer': opt.state_dict(), 'scaler': None, 'iter_num': 4, 'best_val_loss': 2.0, 'tokens': 64,
             'train_time': 1.0, 'world_size': saved_world, 'loader': [f'loader{i}' for i in range(n_states)],
-            'rng': [f'rng{i}' for i in range(n_states)], 'config': {'lr_decay_iters': 0, 'max_iters': 4},
-            'log_lines': 3}
+            'rng': [f'rng{i}' for i in range(n_states)], 'log_lines': 3,
+            'config': {'lr_decay_iters': 0, 'max_iters': 4, 'schedule': 'cosine'}}
     rngs = []
     monkeypatch.setattr(train, 'set_rng_state', lambda state, device_type: rngs.append((state, device_type)))
     r = types.SimpleNamespace(optimizer=torch.optim.AdamW([torch.nn.Parameter(torch.ones(3))]), scaler=None,

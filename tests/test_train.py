@@ -112,6 +112,7 @@ def test_a_resume_says_when_a_longer_run_moves_the_end_of_its_schedule(shakespea
     first = str(tmp_path / 'first')
     train_here(shakespeare_char_dir, first, '--max_iters=2', '--eval_interval=2', '--lr_decay_iters=0')
     for i, (given, noted) in enumerate(((['--max_iters=2'], False), (['--max_iters=4', '--lr_decay_iters=2'], False),
+                                        (['--max_iters=4', '--schedule=constant'], False),  # it never decays
                                         (['--max_iters=4'], True))):  # lr_decay_iters=0 follows max_iters
         out = shutil.copytree(first, tmp_path / str(i))
         capsys.readouterr()
@@ -125,12 +126,13 @@ def test_a_resume_warns_of_log_lines_lost_since_its_checkpoint(shakespeare_char_
     out = str(tmp_path)
     train_here(shakespeare_char_dir, out, '--max_iters=2', '--eval_interval=2')
     lines = open(os.path.join(out, 'log.jsonl')).readlines()
-    for kept, warned in ((lines, False), (lines[1:], True)):  # a log cut by hand: its first line lost
+    for kept, warned in ((lines, False), (['{damaged\n', *lines[1:]], False),  # set aside, said so, not lost
+                         (lines[1:], True)):  # a log cut by hand: its first line lost
         open(os.path.join(out, 'log.jsonl'), 'w').writelines(kept)
         capsys.readouterr()
         train_py.main([f'--out_dir={out}', '--init_from=resume'])
-        said = (f"warning: {out}/log.jsonl holds {len(lines) - 1} of the {len(lines)} lines its checkpoint follows; "
-                "the run goes on without the lost ones.") in capsys.readouterr().err
+        said = (f"warning: {out}/log.jsonl holds {len(lines) - 1} of the {len(lines)} lines up to its checkpoint; the "
+                "run goes on, its log without the lost ones.") in capsys.readouterr().err
         assert said == warned
 
 
