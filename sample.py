@@ -72,7 +72,10 @@ def main(argv):
     start = cfg['start']
     if start.startswith('FILE:'):
         start = read_text(start[len('FILE:'):], '--start=FILE: prompt file', 'prompt.txt')
-    start_ids = tok.encode(start)
+    try:
+        start_ids = tok.encode(start)
+    except UserError as e:  # the default prompt too, where the text holds no newline
+        raise UserError(f"{e}; give --start=TEXT of those characters (the default is a newline).") from None
     if not start_ids:
         raise UserError("the prompt is empty; give at least one character with --start (the default is a newline).")
     x = torch.tensor(start_ids, dtype=torch.long, device=where)[None, ...]

@@ -79,8 +79,8 @@ class CharTokenizer:
         try:
             return [self.stoi[c] for c in text]
         except KeyError as e:
-            raise UserError(f"the character {e.args[0]!r} is not in this dataset's vocabulary of "
-                            f"{self.vocab_size} characters; use only characters that occur in the training text.")
+            raise UserError(f"the character {e.args[0]!r} is not in this dataset's vocabulary, the "
+                            f"{self.vocab_size} characters of its training text") from None
 
     def decode(self, ids):
         return "".join(self.itos[int(i)] for i in ids)

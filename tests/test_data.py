@@ -535,6 +535,7 @@ def test_text_prepare_turns_local_files_into_a_dataset(tmp_path):
     (tmp_path / "in" / "b.txt").write_text("Second file, café.\n", encoding="utf-8")
     (tmp_path / "in" / "sub" / "a.txt").write_text("First file.\n" * 20, encoding="utf-8")
     (tmp_path / "in" / "notes.md").write_text("not text", encoding="utf-8")
+    os.symlink("user@host.1234:1700000000", tmp_path / "in" / ".#b.txt")  # an editor's lock: a dangling link
     meta = text_prepare.prepare([str(tmp_path / "in")], "gpt2", out_dir=str(tmp_path / "mine"), val_fraction=0.2)
     tok = get_tokenizer(meta)
     stream = np.concatenate([open_shard(str(tmp_path / "mine" / f)) for f in ("train_000.bin", "val_000.bin")])
@@ -721,15 +722,30 @@ def test_a_path_split_off_by_a_space_is_refused_not_run_as_a_config_file(scripts
 
 
 def test_your_text_never_takes_the_name_of_a_dataset_nanoffn_prepares(scripts, tmp_path, capsys, monkeypatch):
-    """--name=shakespeare_char would replace the bundled corpus every default run and the tuned rates stand on."""
+    """--name=shakespeare_char (or an --out_dir there) would replace the bundled corpus every default run and the tuned
+    rates stand on."""
     monkeypatch.setattr(scripts["text"], "DATA", str(tmp_path))  # a data/ of the test's own
     (tmp_path / "shakespeare_char").mkdir()
     (tmp_path / "shakespeare_char" / "prepare.py").write_text("")
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "in.txt").write_text("some text to tokenize " * 10)
     code, err = run(scripts["text"].main, ["--input=~/in.txt", "--name=shakespeare_char", "--tokenizer=char"], capsys)
-    assert_one_line(code, err, 2, "--name=shakespeare_char is the dataset data/shakespeare_char/prepare.py writes")
+    own = tmp_path / "shakespeare_char" / "prepare.py"
+    assert_one_line(code, err, 2, f"--name=shakespeare_char is the folder of the dataset {own} writes; choose another "
+                                  f"--name.")
+    code, err = run(scripts["text"].main, ["--input=~/in.txt", f"--out_dir={own.parent}", "--tokenizer=char"], capsys)
+    assert_one_line(code, err, 2, f"--out_dir={own.parent} is the folder of the dataset {own} writes; choose another "
+                                  f"--out_dir.")
     assert os.listdir(tmp_path / "shakespeare_char") == ["prepare.py"]
+    downloaded = tmp_path / "elsewhere" / "fineweb10B"  # a dataset of other shards, prepared where no prepare.py is
+    downloaded.mkdir(parents=True)
+    for name in ("train_000001.bin", "val_000000.bin"):
+        (downloaded / name).write_bytes(b"shard")
+    (downloaded / "meta.json").write_text(json.dumps({"dataset": "fineweb10B", "train_tokens": 1}))
+    code, err = run(scripts["text"].main, ["--input=~/in.txt", f"--out_dir={downloaded}", "--tokenizer=char"], capsys)
+    assert_one_line(code, err, 2, f"{downloaded} holds train_000001.bin, val_000000.bin, shards that the loader would "
+                                  f"read with fineweb10B's")
+    assert sorted(os.listdir(downloaded)) == ["meta.json", "train_000001.bin", "val_000000.bin"]
     code, err = run(scripts["text"].main, ["--input=~/in.txt", "--name=mine", "--tokenizer=char"], capsys)
     assert code == 0 and (tmp_path / "mine" / "meta.json").exists()  # ~ is the user's home, as in a shell
     (tmp_path / "short.txt").write_text("a")

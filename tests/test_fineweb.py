@@ -4,6 +4,7 @@ as hf_hub_download(local_dir=...) would. The real download is not reachable from
 import importlib.util
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -68,6 +69,10 @@ def test_shards_land_whole_the_loader_reads_them_and_reruns_download_nothing_twi
     meta = fineweb.prepare(shards=3, out_dir=str(out))
     assert fineweb.downloads == ["fineweb_train_000003.bin"]  # only the missing shard
     assert meta["train_tokens"] == 500 + 400 + 200
+    fineweb.download = lambda filename, cache_dir: sys.exit(1)  # a download cut short (a kill, Ctrl-C)
+    with pytest.raises(SystemExit):
+        fineweb.prepare(shards=4, out_dir=str(out))
+    assert not (out / "meta.json").exists()  # no meta.json that counts 3 shards beside more: not prepared until done
 
 
 @pytest.mark.parametrize("damage", ["truncated", "wrong magic"])

@@ -73,6 +73,8 @@ def prepare(shards=DEFAULTS["shards"], out_dir=HERE, cache_dir=""):
                 continue  # fetched by an earlier run
             except ShardError as e:
                 print(f"{e}; fetching it again", file=sys.stderr)
+        if os.path.exists(os.path.join(out_dir, "meta.json")):  # till written anew: a run reads no half-grown dataset
+            os.remove(os.path.join(out_dir, "meta.json"))
         print(f"downloading {filename} from {REPO_ID}", file=sys.stderr)
         fetch(filename, path, cache_dir or os.path.join(out_dir, "cache"))
     train, val = shard_paths(out_dir, "train"), shard_paths(out_dir, "val")

@@ -38,7 +38,8 @@ def find_files(inputs):
     for item in map(os.path.expanduser, inputs):  # --input=~/notes.txt: no shell expands a ~ after '='
         if os.path.isdir(item):
             for root, _, names in os.walk(item):
-                files.update(os.path.realpath(os.path.join(root, n)) for n in names if n.endswith(".txt"))
+                files.update(os.path.realpath(p) for n in names if n.endswith(".txt")  # not a dangling link: an
+                             and os.path.isfile(p := os.path.join(root, n)))  # editor's lock (.#notes.txt)
         elif os.path.isfile(item):
             files.add(os.path.realpath(item))
         else:
@@ -59,12 +60,15 @@ def prepare(inputs, tokenizer="gpt2", out_dir="", name="text", val_fraction=0.1,
         raise UserError(f"--val_fraction must be between 0 and 1, not {val_fraction}.")
     if not out_dir and (name in ("", ".", "..") or os.path.basename(name) != name):  # it must stay inside data/
         raise UserError(f"--name={name} is not a plain folder name; give one such as --name=mytext, or an --out_dir.")
-    if not out_dir and name != "text" and os.path.exists(os.path.join(DATA, name, "prepare.py")):
-        raise UserError(f"--name={name} is the dataset data/{name}/prepare.py writes; choose another --name.")
+    given = f"--out_dir={out_dir}" if out_dir else f"--name={name}"
+    out_dir = out_dir or os.path.join(DATA, name)
+    here = os.path.dirname(os.path.abspath(__file__))  # data/text: its own, the default's folder
+    if os.path.isfile(os.path.join(out_dir, "prepare.py")) and not os.path.samefile(out_dir, here):
+        raise UserError(f"{given} is the folder of the dataset {os.path.join(out_dir, 'prepare.py')} writes; choose "
+                        f"another {given.split('=')[0]}.")
     files = find_files(inputs)
     docs = [read_text(p, "input file", "notes.txt") for p in files]
     # its folder is checked and made once the tokens are ready (write_dataset): a mistake in the input leaves none
-    out_dir = out_dir or os.path.join(DATA, name)
     if tokenizer == "gpt2":
         tok = GPT2Tokenizer()
         tokens = np.array([t for ids in tok.encode_batch(docs) for t in [EOT] + ids], dtype=np.uint16)
