@@ -2,7 +2,7 @@
 # variant's rate chosen by the one-standard-error rule on half of the validation windows, then trained there on 3
 # fresh seeds (1340-1342) and reported on the other half: 144 runs. Its summary prints the two lines (tuned_lrs,
 # tuned_at) that config/compare_shakespeare_char.py holds; run it again after changing the model, the budget, the
-# batch or the dataset, and copy them there.
+# batch, the dataset or eval_iters, and copy them there.
 #   python compare.py config/sweep_shakespeare_char.py
 import os
 
