@@ -75,7 +75,7 @@ def main(argv):
     try:
         start_ids = tok.encode(start)
     except UserError as e:  # the default prompt too, where the text holds no newline
-        raise UserError(f"{e}; give --start=TEXT of those characters (the default is a newline).") from None
+        raise UserError(f"{e}; give a --start prompt of those characters (the default is a newline).") from None
     if not start_ids:
         raise UserError("the prompt is empty; give at least one character with --start (the default is a newline).")
     x = torch.tensor(start_ids, dtype=torch.long, device=where)[None, ...]

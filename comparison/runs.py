@@ -115,6 +115,9 @@ def variant_settings(label):
     settings of its own, so that one comparison can vary them: 'polyrelu:poly_order=2' -> {'ffn': 'polyrelu',
     'poly_order': 2}; a dictionary's entries are joined by '+', as a comma ends the variant (la:act_dict=gelu+relu)."""
     name, *own = re.split(r':(?=[\w-]+=)', label)  # la:la_init=onehot:relu: a ':' before key= starts a setting
+    if ':' in name:  # polyrelu:poly_order, a setting without its value
+        raise UserError(f"variant '{label}': a variant carries model settings as name:key=value, e.g. "
+                        f"polyrelu:poly_order=2.")
     try:
         check_variant(name)
     except ValueError as e:

@@ -78,7 +78,9 @@ def write_dataset(dataset_dir, train, val, meta, shard_tokens=SHARD_TOKENS):
     meta.json or a staged one (check_replaceable)."""
     check_out_dir(dataset_dir, shard_tokens)
     check_replaceable(dataset_dir, "choose another folder")
-    check_alone(dataset_dir, meta["dataset"], r"(train|val)_(\d{3}|[1-9]\d{3,})\.bin")  # not a download's (fineweb10B)
+    if foreign := [n for n in shard_names(dataset_dir) if not re.fullmatch(r"(train|val)_(\d{3}|[1-9]\d{3,})\.bin", n)]:
+        raise UserError(f"{dataset_dir} holds {', '.join(foreign[:2])}{', ...' * (len(foreign) > 2)}, shards of "
+                        f"another preparation (a download's), which this one would delete; choose another folder.")
     path = lambda name: os.path.join(dataset_dir, name)
     with open(path(".prepare.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies

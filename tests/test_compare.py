@@ -608,6 +608,7 @@ def test_a_variant_carries_model_settings_of_its_own(tmp_path):
     for bad, words in [('polyrelu:order=2', "unknown config key 'order'"), ('polyrelu:poly_order=x', 'expects an int'),
                        ('gelu:ffn=relu', "unknown config key 'ffn'"), ('polyrelu:poly_order=9', 'poly_order'),
                        ('gelu:block_size=64', 'sets block_size, which fixes the batches and validation windows'),
+                       ('polyrelu:poly_order', 'a variant carries model settings as name:key=value'),
                        ('la:act_dict=gelu,relu', r"one entry, as a comma ends a variant; join its entries with '\+'")]:
         with pytest.raises(UserError, match=words):
             compare.check_comparison(compare.settings([f'--out_dir={tmp_path}', f'--variants=gelu,{bad}', '--baseline=',

@@ -731,23 +731,28 @@ def test_your_text_never_takes_the_name_of_a_dataset_nanoffn_prepares(scripts, t
     (tmp_path / "in.txt").write_text("some text to tokenize " * 10)
     code, err = run(scripts["text"].main, ["--input=~/in.txt", "--name=shakespeare_char", "--tokenizer=char"], capsys)
     own = tmp_path / "shakespeare_char" / "prepare.py"
-    assert_one_line(code, err, 2, f"--name=shakespeare_char is the folder of the dataset {own} writes; choose another "
-                                  f"--name.")
-    code, err = run(scripts["text"].main, ["--input=~/in.txt", f"--out_dir={own.parent}", "--tokenizer=char"], capsys)
-    assert_one_line(code, err, 2, f"--out_dir={own.parent} is the folder of the dataset {own} writes; choose another "
-                                  f"--out_dir.")
-    assert os.listdir(tmp_path / "shakespeare_char") == ["prepare.py"]
+    assert_one_line(code, err, 2, "--name=shakespeare_char holds prepare.py: it is a folder of code, or of the dataset "
+                                  "its prepare.py writes; choose another --name.")
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "loader.py").write_text("")  # data/ itself, say
+    for folder in (own.parent, tmp_path / "code"):
+        code, err = run(scripts["text"].main, ["--input=~/in.txt", f"--out_dir={folder}", "--tokenizer=char"], capsys)
+        assert_one_line(code, err, 2, f"--out_dir={folder} holds {os.listdir(folder)[0]}: it is a folder of code")
+    assert os.listdir(tmp_path / "shakespeare_char") == ["prepare.py"] and os.listdir(tmp_path / "code") == ["loader.py"]
     downloaded = tmp_path / "elsewhere" / "fineweb10B"  # a dataset of other shards, prepared where no prepare.py is
     downloaded.mkdir(parents=True)
     for name in ("train_000001.bin", "val_000000.bin"):
         (downloaded / name).write_bytes(b"shard")
     (downloaded / "meta.json").write_text(json.dumps({"dataset": "fineweb10B", "train_tokens": 1}))
     code, err = run(scripts["text"].main, ["--input=~/in.txt", f"--out_dir={downloaded}", "--tokenizer=char"], capsys)
-    assert_one_line(code, err, 2, f"{downloaded} holds train_000001.bin, val_000000.bin, shards that the loader would "
-                                  f"read with fineweb10B's")
+    assert_one_line(code, err, 2, f"{downloaded} holds train_000001.bin, val_000000.bin, shards of another preparation "
+                                  f"(a download's), which this one would delete; choose another folder.")
     assert sorted(os.listdir(downloaded)) == ["meta.json", "train_000001.bin", "val_000000.bin"]
     code, err = run(scripts["text"].main, ["--input=~/in.txt", "--name=mine", "--tokenizer=char"], capsys)
     assert code == 0 and (tmp_path / "mine" / "meta.json").exists()  # ~ is the user's home, as in a shell
+    os.symlink(tmp_path / "mine", tmp_path / "current")  # the same folder by another name prepares again
+    code, err = run(scripts["text"].main, ["--input=~/in.txt", "--out_dir=~/current", "--tokenizer=char"], capsys)
+    assert code == 0 and json.load(open(tmp_path / "mine" / "meta.json"))["dataset"] == "current"
     (tmp_path / "short.txt").write_text("a")
     code, err = run(scripts["text"].main, ["--input=~/short.txt", "--name=short", "--tokenizer=char"], capsys)
     assert_one_line(code, err, 2, "the text is only 1 token(s) long")

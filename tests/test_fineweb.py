@@ -69,10 +69,17 @@ def test_shards_land_whole_the_loader_reads_them_and_reruns_download_nothing_twi
     meta = fineweb.prepare(shards=3, out_dir=str(out))
     assert fineweb.downloads == ["fineweb_train_000003.bin"]  # only the missing shard
     assert meta["train_tokens"] == 500 + 400 + 200
-    fineweb.download = lambda filename, cache_dir: sys.exit(1)  # a download cut short (a kill, Ctrl-C)
+    fetched = fineweb.download
+    fineweb.download = lambda filename, cache_dir: sys.exit(1)  # a download cut short (no network, a Ctrl-C)
     with pytest.raises(SystemExit):
         fineweb.prepare(shards=4, out_dir=str(out))
-    assert not (out / "meta.json").exists()  # no meta.json that counts 3 shards beside more: not prepared until done
+    assert DataLoader("fineweb10B", 16, 8, seed=0, data_dir=str(tmp_path / "data")).meta == meta  # still prepared
+    (fineweb.hub / "fineweb_train_000004.bin").write_bytes(shard_bytes(4000, 100))
+    fineweb.download = lambda filename, cache_dir: (
+        fetched(filename, cache_dir) if filename.endswith("4.bin") else sys.exit(1))  # shard 4 lands, not shard 5
+    with pytest.raises(SystemExit):
+        fineweb.prepare(shards=5, out_dir=str(out))
+    assert (out / "train_000004.bin").exists() and not (out / "meta.json").exists()  # none that counts 3 of 4 shards
 
 
 @pytest.mark.parametrize("damage", ["truncated", "wrong magic"])

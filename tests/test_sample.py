@@ -57,7 +57,7 @@ def test_sample_from_a_compiled_checkpoint(shakespeare_char_dir, tmp_path, capsy
 def test_sample_rejects_characters_outside_the_vocabulary(tiny_run, capsys):
     code, err = in_process(sample.main, [f'--out_dir={tiny_run}', '--device=cpu', '--start=\u00e9t\u00e9'], capsys)
     assert code == 2 and 'vocabulary' in err and len(err.strip().splitlines()) == 1
-    assert "'é' is not in this dataset's vocabulary" in err and 'give --start=TEXT of those characters' in err
+    assert "'é' is not in this dataset's vocabulary" in err and 'give a --start prompt of those characters' in err
 
 
 @pytest.mark.parametrize('code, cause', [('before an edit', 'it was trained with other code of activations.py or '

@@ -49,6 +49,9 @@ def fetch(filename, path, cache_dir):
         os.remove(got)  # so that a rerun downloads it again
         raise UserError(f"the downloaded {filename} is corrupt and was deleted: {str(e).split('; ')[0]}; rerun to "
                         f"download it again.") from None
+    meta = os.path.join(os.path.dirname(path), "meta.json")
+    if os.path.exists(meta):  # till it is written anew, no run reads shards it does not count
+        os.remove(meta)
     try:
         os.replace(got, path)  # a rename when the cache is on out_dir's filesystem
     except OSError:  # another filesystem: copied atomically, so a shard's final name always means a whole file
@@ -73,8 +76,6 @@ def prepare(shards=DEFAULTS["shards"], out_dir=HERE, cache_dir=""):
                 continue  # fetched by an earlier run
             except ShardError as e:
                 print(f"{e}; fetching it again", file=sys.stderr)
-        if os.path.exists(os.path.join(out_dir, "meta.json")):  # till written anew: a run reads no half-grown dataset
-            os.remove(os.path.join(out_dir, "meta.json"))
         print(f"downloading {filename} from {REPO_ID}", file=sys.stderr)
         fetch(filename, path, cache_dir or os.path.join(out_dir, "cache"))
     train, val = shard_paths(out_dir, "train"), shard_paths(out_dir, "val")

@@ -61,11 +61,11 @@ def prepare(inputs, tokenizer="gpt2", out_dir="", name="text", val_fraction=0.1,
     if not out_dir and (name in ("", ".", "..") or os.path.basename(name) != name):  # it must stay inside data/
         raise UserError(f"--name={name} is not a plain folder name; give one such as --name=mytext, or an --out_dir.")
     given = f"--out_dir={out_dir}" if out_dir else f"--name={name}"
-    out_dir = out_dir or os.path.join(DATA, name)
-    here = os.path.dirname(os.path.abspath(__file__))  # data/text: its own, the default's folder
-    if os.path.isfile(os.path.join(out_dir, "prepare.py")) and not os.path.samefile(out_dir, here):
-        raise UserError(f"{given} is the folder of the dataset {os.path.join(out_dir, 'prepare.py')} writes; choose "
-                        f"another {given.split('=')[0]}.")
+    out_dir = os.path.expanduser(out_dir) or os.path.join(DATA, name)  # --out_dir=~/mytext, as --input
+    code = sorted(f for f in os.listdir(out_dir) if f.endswith(".py")) if os.path.isdir(out_dir) else []
+    if code and not os.path.samefile(out_dir, os.path.dirname(os.path.abspath(__file__))):  # but data/text, its own
+        raise UserError(f"{given} holds {code[0]}: it is a folder of code, or of the dataset its prepare.py writes; "
+                        f"choose another {given.split('=')[0]}.")
     files = find_files(inputs)
     docs = [read_text(p, "input file", "notes.txt") for p in files]
     # its folder is checked and made once the tokens are ready (write_dataset): a mistake in the input leaves none
@@ -82,7 +82,7 @@ def prepare(inputs, tokenizer="gpt2", out_dir="", name="text", val_fraction=0.1,
     if len(tokens) - n_val < 2:
         raise UserError(f"the text is only {len(tokens)} token(s) long, too short to split into train and val (2 "
                         f"tokens each at least); give more text.")
-    meta = {**tok.meta(), "dataset": os.path.basename(os.path.normpath(out_dir)), "files": len(files),
+    meta = {**tok.meta(), "dataset": os.path.basename(os.path.abspath(out_dir)), "files": len(files),
             "split": f"val = the last {val_fraction:g} of the token stream"}
     return write_dataset(out_dir, tokens[:-n_val], tokens[-n_val:], meta, shard_tokens)
 
