@@ -159,10 +159,11 @@ def check_comparison(cfg, overrides=None):
                         "scored on the other half; give --eval_iters of at least 2.")
     seeds = [cfg['seed'] + i for i in range(cfg['seeds'])]
     fresh = [seeds[-1] + 1 + i for i in range(cfg['seeds'])] if grid else []  # a sweep's verdict: the seeds after
-    if (fresh or seeds)[-1] > configurator.MAX_SEED:
-        raise UserError(f"--seed={cfg['seed']} leaves no room for the {len(seeds + fresh)} seeds from it this "
-                        f"{'sweep' if grid else 'comparison'} runs; give --seed of at most "
-                        f"{configurator.MAX_SEED + 1 - len(seeds + fresh)}.")
+    n = len(seeds + fresh)
+    if cfg['seed'] + n - 1 > configurator.MAX_SEED:
+        what = 'sweep' if grid else 'comparison'
+        raise UserError(f"--seed={cfg['seed']} leaves no room for the {n} seeds from it this {what} runs; give --seed "
+                        f"of at most {configurator.MAX_SEED + 1 - n}.")
     for v in variants:  # what train.py would refuse, said now, at each rate the variant runs at
         for lr in grid or [rates[v]]:
             try:

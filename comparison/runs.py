@@ -21,7 +21,7 @@ from activations import VARIANTS, check_variant
 from configurator import DEFAULTS, dataset_vocab, keys_that, model_config
 from data.loader import open_loader
 from machinery.checkpoint import CKPT, load_checkpoint
-from machinery.cli import UserError, parse_args, reading, split_list
+from machinery.cli import UserError, parse_args, reading, split_arg, split_list
 from machinery.files import remove_dead_temps
 from machinery.fingerprint import IDEAS, code_hash
 from machinery.run_log import DIVERGED, LOG, codes_of, read_log_lines
@@ -124,8 +124,8 @@ def variant_settings(label):
         raise UserError(f"{e}.") from None
     keys = {k: DEFAULTS[k] for k in keys_that('model') if k != 'ffn'}
     try:
-        cfg, given = parse_args(keys, [f'--{item.replace("+", ",") if item.startswith("act_dict") else item}'
-                                       for item in own], prog='compare.py')
+        cfg, given = parse_args(keys, [f'--{item}'.replace('+', ',') if split_arg(f'--{item}')[0] == 'act_dict'
+                                       else f'--{item}' for item in own], prog='compare.py')
     except UserError as e:
         raise UserError(f"variant '{label}': {str(e).rstrip('.')} (a variant carries model settings as "
                         f"name:key=value, e.g. polyrelu:poly_order=2).") from None

@@ -601,7 +601,7 @@ def test_a_variant_carries_model_settings_of_its_own(tmp_path):
               for s in (default, order2)]
     assert extras[0] - extras[1] == cfg['n_layer']  # one coefficient fewer per layer
     la = compare.settings([f'--out_dir={tmp_path}', '--baseline=', '--seeds=1', *TINY,
-                           '--variants=la:act_dict=gelu+relu,la:ffn_mult=1e+0,la:act_dict=gelu+,la:la_init=onehot:relu'])
+                           '--variants=la:act_dict=gelu+relu,la:ffn_mult=1e+0,la:act-dict=gelu+,la:la_init=onehot:relu'])
     assert [{k: s['settings'][k] for k in ('act_dict', 'la_init')} for s in grid_specs(la)] == [
         {'act_dict': 'gelu,relu', 'la_init': 'onehot'}, {'act_dict': la['act_dict'], 'la_init': 'onehot'},  # 1e+0
         {'act_dict': 'gelu,', 'la_init': 'onehot'}, {'act_dict': la['act_dict'], 'la_init': 'onehot:relu'}]
