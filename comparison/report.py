@@ -106,17 +106,22 @@ def summarize(head, runs, shapes, loss_of=WHOLE):
 
 
 def seed_gaps(runs, base_runs):
-    """Per seed: a run's final validation loss minus the baseline's (the same seed, so the same batches)."""
+    """Per seed: a run's final validation loss minus the baseline's (the same seed, so the same batches). None at all
+    where a seed of either diverged: the seeds that survived would flatter it (a diverged seed is a failure, as in the
+    choice of a rate, not a seed to skip)."""
+    if any(r['final_val_loss'] is None for r in runs + base_runs):
+        return []
     base = {r['seed']: r['final_val_loss'] for r in base_runs}
-    return [r['final_val_loss'] - base[r['seed']] for r in runs
-            if r['final_val_loss'] is not None and base.get(r['seed']) is not None]
+    return [r['final_val_loss'] - base[r['seed']] for r in runs if r['seed'] in base]
 
 
 def matched(runs, base_runs, scale, base_scale):
     """Compute- and time-matched verdicts, seed by seed: the tokens, FLOPs and seconds a variant needs to reach the
     baseline's final loss over what the baseline first needed, and its loss at the baseline's last second minus that."""
-    base = {m['seed']: m for m in base_runs if m['status'] == 'done' and m['curve']['val']}
-    pairs = [(m, base[m['seed']]) for m in runs if m['seed'] in base and m['status'] == 'done' and m['curve']['val']]
+    if any(m['status'] != 'done' for m in runs + base_runs):  # a diverged seed: no verdict, as in seed_gaps
+        return None
+    base = {m['seed']: m for m in base_runs if m['curve']['val']}
+    pairs = [(m, base[m['seed']]) for m in runs if m['seed'] in base and m['curve']['val']]
     if not pairs:
         return None
     ratios, at_budget = {'tokens': [], 'flops': [], 'seconds': []}, []
@@ -231,7 +236,7 @@ def table(summary):
         p, d = s['params'], s['diff_to_baseline']
         val = fmt_loss(s['final_val_loss']) + ('' if s['status'] == 'done' else ' (diverged)')
         diff = 'baseline' if v == base else fmt_loss(d, signed=True)
-        res = '' if d is None else 'no (1 seed)' if d['n'] < 2 else (
+        res = '' if v == base else '– (a seed diverged)' if d is None else 'no (1 seed)' if d['n'] < 2 else (
             f"{'yes' if d['resolved'] else 'no'}" + (f" (t={d['t']:.1f})" if d['t'] is not None else ''))
         total = fmt_count(p['total']) + (f" ({fmt_count(p['active'])} active)" if p['active'] != p['total'] else '')
         tok_s = fmt(s['tok_s'], ',.0f')

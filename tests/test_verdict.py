@@ -78,3 +78,23 @@ def test_every_pair_is_the_paired_difference_of_its_two_variants():
     assert pairs['y']['x']['mean'] == pytest.approx(statistics.fmean(gaps)) == -pairs['x']['y']['mean']
     assert 0.09 < pairs['y']['x']['mean'] < 0.11
     assert pairs['y']['x']['resolved'] and set(pairs['base']) == {'x', 'y'}
+
+
+def test_a_variant_with_a_diverged_seed_gets_no_verdict_from_the_seeds_that_survived():
+    """var is far better on the two seeds that finished, and diverged on the third: the survivors' mean would call it
+    a resolved win; a diverged seed is a failure (as in the choice of a rate), so no paired verdict is given."""
+    rng = random.Random(2)
+    runs = [run(v, None, s, 2.0 - 0.1 * (v == 'var') + 0.01 * s, rng) for v in ('base', 'var') for s in FRESH]
+    runs[-1] = Run({**runs[-1].spec, 'settings': {'max_iters': 4}}, 'diverged', runs[-1].records[:0], [], None, {},
+                   None)
+    head = dict(baseline='base', seeds=FRESH, variants=['base', 'var'], dataset='synthetic', settings={})
+    shapes = {v: {'params': {'total': 1, 'active': 1, 'ffn': 1, 'extras': 0}, 'scale': {'flops_per_token': 1}}
+              for v in head['variants']}
+    summary, _ = report.summarize(head, runs, shapes)
+    var = summary['variants']['var']
+    assert var['status'] == 'diverged' and var['diff_to_baseline'] is None and var['matched'] is None
+    assert summary['pairs']['var']['base'] is None is summary['pairs']['base']['var']
+    row = next(line for line in report.table(summary).splitlines() if line.startswith('| var '))
+    assert '(diverged)' in row and '– (a seed diverged)' in row and 'yes' not in row
+    runs[-1] = run('var', None, FRESH[-1], 1.9, rng)  # all three finished: the same win is resolved
+    assert report.summarize(head, runs, shapes)[0]['variants']['var']['diff_to_baseline']['resolved']
