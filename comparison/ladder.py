@@ -172,7 +172,8 @@ def multiplier_section(lad):
     x = lambda p: fmt(p['multiplier'], '.2f', 'x', p.get('ci'))
     return (['', '## Effective compute multiplier', '',
              f"{base}'s final loss against training compute is fitted as L(C) = E + A·C^(−α); a variant reaching loss "
-             f"L with compute C is worth C_{base}(L) / C (> 1: worth more compute): per size from its mean loss, at "
+             f"L with compute C is worth C_{base}(L) / C (> 1: worth more compute): per size with L the law's value "
+             f"at {base}'s compute there plus the paired gap (so the law's miss of {base}'s mean cancels), at "
              f"{EXTRAPOLATE}x the largest size's compute from its own fitted law. [95% interval: a bootstrap over "
              f"seeds widened to a t interval.] Speedup: the multiplier x the tokens/s ratio, {rows[0][1]['times']}.",
              '',
@@ -211,7 +212,7 @@ def write_markdown(path, lad):
         lines += [f"| {v} | " + ' | '.join(f"{r:.3g}" for r in rates) + ' |' for v, rates in lad['rates'].items()]
     lines += ['', f'## Gap to {base} and its trend with size', '',
               f"Gap Δ = L_variant − L_{base}, paired over seeds: mean [95% t interval]. Trend: the least-squares slope "
-              f"of every seed's Δ against ln N [95% CI]: 'rises' (the variant loses ground to {base} as models grow), "
+              f"of Δ against ln N, through each size's mean Δ (with 2 sizes, every seed's) [95% CI]: 'rises' (the variant loses ground to {base} as models grow), "
               f"'falls' (it gains), or 'flat within noise'. {BOOTSTRAP_MIN_SEEDS}+ seeds: summary.json adds a "
               f"bootstrap CI.", '', head + ' trend: slope per ln N [95% CI] |', rule + ':---|']
     gap = lambda g: '–' if g is None else fmt(g['mean'], '+.4f', ci=g.get('ci')) + ('' if g.get('ci') else ' (no CI)')

@@ -46,13 +46,20 @@ def bootstrap_ci(values, confidence=CONFIDENCE, n_resamples=2000, seed=0):
 
 
 def gap_trend(log_n, gaps, confidence=CONFIDENCE):
-    """The trend of a gap Δ with size: the least-squares line Δ = a + b·ln N through every seed's point (ln N_j, Δ_ij)
-    (scipy.stats.linregress), so the slope's CI b ± t_{(1+c)/2, m−2}·SE(b), m points, comes from the seeds' spread.
-    'rises' when the whole CI is above 0 (Δ rises with N), 'falls' when below, else 'flat within noise'. Needs 2
-    sizes and 3 points; else None."""
+    """The trend of a gap Δ with size: the least-squares line Δ = a + b·ln N (scipy.stats.linregress), the slope's CI
+    b ± t_{(1+c)/2, m−2}·SE(b) from the scatter of its m points about the line. With 3+ sizes the points are the
+    sizes' mean gaps (ln N_j, Δ̄_j): a size's seeds share whatever the line misses there, so as points of their own
+    they would narrow the CI (a gap that steps with size would read as a trend). With 2 sizes the line meets both
+    means, and every seed's gap (ln N_j, Δ_ij) is a point: the seeds' spread is the noise. 'rises' when the whole CI is
+    above 0 (Δ rises with N), 'falls' when below, else 'flat within noise'. Needs 2 sizes and 3 points; else None."""
     pts = [(float(x), float(g)) for x, g in zip(log_n, gaps) if g is not None and math.isfinite(g)]
-    if len({x for x, _ in pts}) < 2 or len(pts) < 3:
+    by_size = {}
+    for x, g in pts:
+        by_size.setdefault(x, []).append(g)
+    if len(by_size) < 2 or len(pts) < 3:
         return None
+    if len(by_size) >= 3:
+        pts = [(x, statistics.fmean(g)) for x, g in by_size.items()]
     fit = stats.linregress(*np.array(pts).T)
     half = t_quantile(len(pts) - 2, confidence) * fit.stderr
     lo, hi = fit.slope - half, fit.slope + half
@@ -151,16 +158,19 @@ def compute_for_loss(fit, loss):
 def compute_multiplier(base_points, var_points, budget, n_boot=1000, seed=0):
     """The effective compute multiplier of a variant (Marin's "effective speedup" before time): with the baseline's
     law L_b(C) = E + A·C^(−α) fitted over its sizes, a variant reaching loss L_v with compute C_v is worth
-    C_b(L_v) / C_v (> 1: worth that much more compute). Per size from the variant's mean loss; at `budget` from its
-    own fitted law, L_v(budget). Points: [(compute, [loss per seed])] per size, seed i the same batches for both;
-    None where a fit is not identifiable."""
+    C_b(L_v) / C_v (> 1: worth that much more compute). Per size, L_v = L_b(C_b) + the mean paired gap L_v − L_b
+    there: the law gives the rate at which compute buys loss, the runs the gap, so the law's miss of the baseline's own
+    mean at a size cancels (the baseline against itself is exactly 1). At `budget`, from the variant's own fitted law,
+    L_v(budget). Points: [(compute, [loss per seed])] per size, seed i the same batches for both; None where a fit is
+    not identifiable."""
     def multipliers(pick):
         b = [(c, statistics.fmean([ls[i] for i in pick])) for c, ls in base_points]
         v = [(c, statistics.fmean([ls[i] for i in pick])) for c, ls in var_points]
         fb, fv = power_law_fit(*zip(*b)), power_law_fit(*zip(*v))
         if not (fb['identifiable'] and fv['identifiable']):
             return None
-        at = [compute_for_loss(fb, loss) / c for c, loss in v]
+        on_law = lambda c: power_law(c, fb['E'], fb['A'], fb['alpha'])
+        at = [compute_for_loss(fb, on_law(cb) + lv - lb) / cv for (cb, lb), (cv, lv) in zip(b, v)]
         return at + [compute_for_loss(fb, power_law(budget, fv['E'], fv['A'], fv['alpha'])) / budget]
 
     n_seeds = min(len(ls) for _, ls in base_points + var_points)

@@ -42,14 +42,15 @@ def test_gap_trend_recovers_a_known_slope_with_a_covering_ci():
     gaps = 0.05 + slope * log_n + rng.normal(0, 0.005, len(log_n))
     t = stats.gap_trend(log_n, gaps)
     assert t['ci'][0] < slope < t['ci'][1]
-    assert t['verdict'] == 'falls' and t['points'] == 12
-    # the same by hand: OLS slope and its standard error, t quantile with m - 2 = 10 degrees of freedom (2.2281)
-    x, y = log_n - log_n.mean(), gaps
+    assert t['verdict'] == 'falls' and t['points'] == 4
+    # the same by hand through the 4 sizes' mean gaps: OLS slope, its standard error, t with m − 2 = 2 dof (4.3027)
+    x, y = np.log([1e4, 1e5, 1e6, 1e7]), gaps.reshape(4, 3).mean(axis=1)
+    x = x - x.mean()
     b = (x * (y - y.mean())).sum() / (x ** 2).sum()
     resid = y - y.mean() - b * x
     se = math.sqrt((resid ** 2).sum() / (len(x) - 2) / (x ** 2).sum())
     assert t['slope_per_ln_n'] == pytest.approx(b, rel=1e-9)
-    assert t['ci'][1] - t['slope_per_ln_n'] == pytest.approx(2.228138851986274 * se, rel=1e-6)
+    assert t['ci'][1] - t['slope_per_ln_n'] == pytest.approx(4.302652729911275 * se, rel=1e-6)
 
 
 def test_gap_trend_without_a_slope_is_flat_within_noise():
@@ -58,6 +59,18 @@ def test_gap_trend_without_a_slope_is_flat_within_noise():
     assert stats.gap_trend(log_n, -0.03 + rng.normal(0, 0.01, 6))['verdict'] == 'flat within noise'
     assert stats.gap_trend(log_n, 0.1 * log_n)['verdict'] == 'rises'  # an exact line: zero-width CI above 0
     assert stats.gap_trend([1.0, 1.0, 1.0], [0.1, 0.2, 0.3]) is None  # one size: no trend
+    # two sizes: the line meets both means, and each seed's gap is a point (2 seeds each: 4 points, 2 dof)
+    assert stats.gap_trend([1.0, 1.0, 2.0, 2.0], [0.0, 0.01, 0.1, 0.11])['points'] == 4
+
+
+def test_a_gap_that_steps_with_size_is_no_trend_however_tight_its_seeds():
+    """Two small sizes at −0.27, two large at −0.05, each seed within 0.005 of its size's mean (the shape of a real
+    ladder's PolyNorm): a line through every seed's gap takes the tight seeds as its noise and calls it 'rises'; the
+    line's miss at each size is the noise that matters, and through the sizes' means it is flat within noise."""
+    log_n = np.repeat(np.log([2e3, 8e3, 3e4, 1.2e5]), 2)
+    gaps = np.repeat([-0.265, -0.271, -0.046, -0.046], 2) + np.tile([-0.005, 0.005], 4)
+    t = stats.gap_trend(log_n, gaps)
+    assert t['points'] == 4 and t['slope_per_ln_n'] > 0 and t['verdict'] == 'flat within noise'
 
 
 def test_paired_t_test_matches_hand_computation():
@@ -227,9 +240,21 @@ def test_compute_multiplier_recovers_a_known_compute_shift_within_its_interval()
         lo, hi = point['ci']
         assert lo < point['multiplier'] < hi and lo < shift < hi and hi / lo < 3, point
     assert m['seeds'] == 6 and m['at_budget']['compute'] == 1e16
-    # the baseline against itself: exactly 1 at the budget (the same law), 1 within the interval at each size (its
-    # observed loss against its own fitted law); fewer than 4 sizes: no law, no multiplier
+    # the baseline against itself: exactly 1 at the budget (the same law) and at each size (a gap of 0); fewer than 4
+    # sizes: no law, no multiplier
     same = stats.compute_multiplier(base, base, budget=1e16, n_boot=50)
-    assert same['at_budget']['multiplier'] == pytest.approx(1.0, rel=1e-9)
-    assert all(p['ci'][0] < 1.0 < p['ci'][1] for p in same['per_size'])
+    assert all(p['multiplier'] == pytest.approx(1.0, rel=1e-9) for p in same['per_size'] + [same['at_budget']])
     assert stats.compute_multiplier(base[:3], var[:3], budget=1e16) is None
+
+
+def test_the_compute_multiplier_per_size_follows_the_paired_gap_not_the_laws_miss_of_the_baseline():
+    """The baseline's means miss its fitted law by ±0.04, size by size (as 2 seeds of real runs do); the variant equals
+    the baseline seed for seed but at the third size, where it is 0.01 worse. Scored against the law alone, an equal
+    variant would be worth 0.7x-1.3x the compute; by its gap it is worth exactly 1x, and less where it is worse."""
+    law = lambda c: 1.5 + 1300.0 * c ** -0.25
+    sizes, miss = [1e12, 4e12, 1.6e13, 6.4e13], [0.04, -0.04, 0.04, -0.04]
+    base = [(c, [law(c) + m, law(c) + m + 0.002]) for c, m in zip(sizes, miss)]
+    var = [(c, [x + 0.01 * (k == 2) for x in ls]) for k, (c, ls) in enumerate(base)]
+    per_size = [p['multiplier'] for p in stats.compute_multiplier(base, var, budget=1e15, n_boot=50)['per_size']]
+    assert per_size[:2] + per_size[3:] == pytest.approx([1.0] * 3, rel=1e-9)
+    assert 0.8 < per_size[2] < 1.0
