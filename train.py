@@ -280,7 +280,8 @@ def add_evaluation(r, record):
         record['val_halves'] = halves
     record['val_hash'] = r.val_hash
     if r.has_learned:
-        with speed.eager():  # hooks and eval mode must not send compiled blocks into a recompile
+        # eagerly: hooks and eval mode must not send compiled blocks into a recompile
+        with torch.compiler.set_stance('force_eager'):
             learned = r.raw_model.learned(r.val_batches[0][0])
         r.has_learned = any(learned['layers'])  # a fixed activation learns nothing: not asked again
         if r.has_learned:

@@ -66,11 +66,6 @@ def compile_model(model, mode):
     return model
 
 
-def eager():
-    """Run compiled modules eagerly inside this context (for one-off passes that must not trigger a recompile)."""
-    return torch.compiler.set_stance('force_eager')
-
-
 def compile_seconds():
     """Seconds this process has spent compiling (tracing and building, or loading from the cache): Dynamo's count."""
     from torch._dynamo.utils import compilation_time_metrics
