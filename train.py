@@ -88,7 +88,8 @@ def evaluate(model, val_batches, autocast, hw):
     """Mean cross-entropy over the fixed validation batches, split across processes, in eval mode, and the means over
     their first and second halves (so that one half can choose a setting and the other report it)."""
     model.eval()
-    n, dtype = len(val_batches), device.sum_dtype(hw.device_type)
+    # the sums in float64, but MPS has none (float32 errs far below a loss's noise)
+    n, dtype = len(val_batches), torch.float32 if hw.device_type == 'mps' else torch.float64
     total = torch.zeros(4, device=hw.device, dtype=dtype)  # [sum, count] of each half
     for i in range(hw.rank, n, hw.world_size):
         with autocast:

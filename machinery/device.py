@@ -91,11 +91,6 @@ def use(name, dtype, mps=True):
     return name, resolve_dtype(dtype, name.split(':')[0])
 
 
-def sum_dtype(device_type):
-    """The dtype sums of many losses are kept in: float64, but MPS has none (float32 errs far below a loss's noise)."""
-    return torch.float32 if device_type == 'mps' else torch.float64
-
-
 def environment(hw):
     """What a run ran on, for its log: torch's version (its build after '+') and commit, the CUDA and cuDNN versions
     where there are any, the device's name, and torch's CPU threads."""
