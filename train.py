@@ -26,6 +26,7 @@ quiet_interrupt(__name__)
 import json
 import math
 import os
+import platform
 import random
 import sys
 import time
@@ -103,13 +104,23 @@ def evaluate(model, val_batches, autocast, hw):
     return ((total[0] + total[2]) / (total[1] + total[3])).item(), halves
 
 
+def environment(hw):
+    """What a run ran on, for its log: torch's version (its build after '+') and commit, the CUDA and cuDNN versions
+    where there are any, the device's name, and torch's CPU threads."""
+    cuda = hw.device_type == 'cuda'
+    return {'torch': torch.__version__, 'torch_commit': torch.version.git_version[:12], 'cuda': torch.version.cuda,
+            'cudnn': torch.backends.cudnn.version() if cuda else None, 'threads': torch.get_num_threads(),
+            'device': torch.cuda.get_device_name(hw.device) if cuda else f"{hw.device_type} "
+                                                                          f"{platform.processor() or platform.machine()}"}
+
+
 def set_up(cfg, checkpoint):
     """Everything a run needs, in nanoGPT's order, as one namespace: the hardware, the data, the model and its optimizer
     (from the checkpoint when resuming), then the run directory, opened only once everything has been checked."""
     r = SimpleNamespace(cfg=cfg, out_dir=cfg['out_dir'], ckpt_path=os.path.join(cfg['out_dir'], ckpt_io.CKPT))
     r.hw = hw = distributed.setup(cfg['device'], cfg['dtype'])
     r.threads = device.set_threads(cfg['threads'])  # before compiling: Inductor's C++ kernels take the count then
-    r.env = {**device.environment(hw), 'code': code_hash()}  # named in the first log line this process writes
+    r.env = {**environment(hw), 'code': code_hash()}  # named in the first log line this process writes
     r.master, r.autocast = hw.rank == 0, device.autocast(hw.device_type, hw.dtype)  # only the master writes
     r.peak = speed.peak_flops(hw.device_type, hw.dtype, cfg['peak_flops'])  # for MFU
     if checkpoint is None and os.path.exists(r.ckpt_path) and not cfg['overwrite']:

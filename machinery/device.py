@@ -4,7 +4,6 @@ training process among torchrun's is distributed.py; how fast a run trains (torc
 speed.py.
 """
 import os
-import platform
 from contextlib import nullcontext
 
 import torch
@@ -89,16 +88,6 @@ def use(name, dtype, mps=True):
         torch.cuda.set_device(torch.device(name))
         torch.set_float32_matmul_precision('high')  # TF32 matmuls for float32 work
     return name, resolve_dtype(dtype, name.split(':')[0])
-
-
-def environment(hw):
-    """What a run ran on, for its log: torch's version (its build after '+') and commit, the CUDA and cuDNN versions
-    where there are any, the device's name, and torch's CPU threads."""
-    cuda = hw.device_type == 'cuda'
-    return {'torch': torch.__version__, 'torch_commit': torch.version.git_version[:12], 'cuda': torch.version.cuda,
-            'cudnn': torch.backends.cudnn.version() if cuda else None, 'threads': torch.get_num_threads(),
-            'device': torch.cuda.get_device_name(hw.device) if cuda else f"{hw.device_type} "
-                                                                          f"{platform.processor() or platform.machine()}"}
 
 
 def autocast(device_type, dtype):

@@ -181,10 +181,10 @@ def test_the_run_records_what_it_ran_on(fake_gpu, monkeypatch):
     fake_gpu(name='NVIDIA L4', capability=(8, 9))
     monkeypatch.setattr(torch.version, 'cuda', '12.8')
     monkeypatch.setattr(torch.backends.cudnn, 'version', lambda: 91002)
-    env = device.environment(distributed.setup('cuda', 'auto'))
+    env = train.environment(distributed.setup('cuda', 'auto'))
     assert env['device'] == 'NVIDIA L4' and env['cuda'] == '12.8' and env['cudnn'] == 91002
     assert env['torch'] == torch.__version__ and env['torch_commit'] == torch.version.git_version[:12]
-    assert device.environment(Compute('cpu', 'float32'))['cudnn'] is None
+    assert train.environment(Compute('cpu', 'float32'))['cudnn'] is None
 
 
 def test_the_memory_check_reads_the_gpus_total_then_what_is_free(fake_gpu, shakespeare_char_dir):
