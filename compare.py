@@ -35,10 +35,10 @@ from machinery.files import check_writable, ctrl_c_held, remove_dead_temps, writ
 from machinery.fingerprint import IDEAS, OTHER_CODE, code_hash
 from machinery.lock import HELD, LOCK, LOCK_FD_ENV, try_lock_run_dir
 from machinery.progress import progress_bar
-from machinery.run_log import DIVERGED_HINT, LOG, clear_diverged, codes_of, parse_record
+from machinery.run_log import DIVERGED_HINT, LOG, clear_diverged, parse_record
 from comparison.ladder import scale_counts
-from comparison.runs import (FINISHED, INTENT, TRAIN_OUT, at_rate, check_variants, command_line, make_run, meta_model,
-                             scan, tuning_key, variant_rates, variant_settings)
+from comparison.runs import (FINISHED, INTENT, TRAIN_OUT, at_rate, check_variants, codes_of, command_line, make_run,
+                             meta_model, scan, tuning_key, variant_rates, variant_settings)
 
 COMPARE_DEFAULTS = dict(
     variants='gelu,swiglu',  # comma-separated ffn names (activations.VARIANTS); gelu@8e-3: a variant at its own rate

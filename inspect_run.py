@@ -17,11 +17,12 @@ import os
 import sys
 
 from comparison.acts import inspect, short_label, write
+from comparison.runs import codes_of
 from machinery.cli import parse_args, run_cli
 from machinery.device import resolve_device, set_threads
 from machinery.files import check_writable
 from machinery.fingerprint import OTHER_CODE, code_hash
-from machinery.run_log import LOG, codes_of, read_log_lines
+from machinery.run_log import LOG, read_log_lines
 
 DEFAULTS = dict(
     out_dir='out',  # the run directory: ckpt.pt, log.jsonl; acts.png and acts.json are written there

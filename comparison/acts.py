@@ -18,10 +18,10 @@ from activations import make_activations
 from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint, loading
 from machinery.cli import UserError
 from comparison.plots import figure, palette, save_figure
-from comparison.runs import data_now
+from comparison.runs import codes_of, data_now
 from machinery.files import write_json
 from machinery.fingerprint import code_hash
-from machinery.run_log import LOG, codes_of, read_log_lines
+from machinery.run_log import LOG, read_log_lines
 from model import GPT, GPTConfig, MoE
 
 RANGE = (0.5, 99.5)  # percentiles of h that set the drawn range

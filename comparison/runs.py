@@ -24,7 +24,7 @@ from machinery.checkpoint import CKPT, load_checkpoint
 from machinery.cli import UserError, parse_args, reading, split_arg, split_list
 from machinery.files import remove_dead_temps
 from machinery.fingerprint import IDEAS, code_hash
-from machinery.run_log import DIVERGED, LOG, codes_of, read_log_lines
+from machinery.run_log import DIVERGED, LOG, read_log_lines
 from model import GPT
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')  # the repo's
@@ -158,6 +158,12 @@ def make_run(cfg, variant, seed, lr=None):
     code = None if cfg['report'] else code_hash()
     return dict(variant=variant, seed=seed, lr=lr, name=name, dir=settings['out_dir'], processes=cfg['nproc_per_run'],
                 settings=settings, code=code)
+
+
+def codes_of(records):
+    """The codes (fingerprint.code_hash) a run's tries trained with, as each try's first log line names it (None: not
+    named)."""
+    return {r['env'].get('code') for r in records if isinstance(r.get('env'), dict)}
 
 
 @dataclass

@@ -24,12 +24,6 @@ DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
 PICTURES = ('acts.png', 'acts.json')  # a run's pictures (inspect_run.py's, a comparison's of its first seed)
 
 
-def codes_of(records):
-    """The codes (fingerprint.code_hash) a run's tries trained with, as each try's first log line names it (None: not
-    named)."""
-    return {r['env'].get('code') for r in records if isinstance(r.get('env'), dict)}
-
-
 def parse_record(line):
     """A log line's record if it is one as train.py writes it: a JSON object whose 'iter' is an int (the iterations
     done, >= 0) and whose numbers are finite; else None. Its other fields are trusted, and any may be missing."""
