@@ -28,7 +28,7 @@ import time
 import configurator
 from configurator import TYPES, check, keys_that, memory_needs
 from comparison import acts, ladder, placement, plots, report, stats
-from machinery.cli import RunStopped, UserError, parse_args, raise_terminated, run_cli, split_arg, split_list
+from machinery.cli import RunStopped, Terminated, UserError, parse_args, run_cli, split_arg, split_list
 from machinery.device import resolve_device, resolve_dtype
 from machinery.speed import compile_cache_dir
 from machinery.files import check_writable, ctrl_c_held, remove_dead_temps, write_json
@@ -636,6 +636,11 @@ def run_ladder(cfg):
         ladder.write_markdown(os.path.join(cfg['out_dir'], 'summary.md'), lad)
         plots.ladder(os.path.join(cfg['out_dir'], 'ladder.png'), lad)
     print(f"wrote the ladder's summary.md, summary.json and ladder.png into {cfg['out_dir']}", file=sys.stderr)
+
+
+def raise_terminated(signum, frame):
+    """SIGTERM's handler: compare.py and its runs stop cleanly on it, as on Ctrl-C (cli.Terminated, status 143)."""
+    raise Terminated
 
 
 def main(argv):

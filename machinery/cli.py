@@ -15,7 +15,7 @@ also takes the word auto.
 A mistake raises UserError with one sentence; run_cli(main) prints it on stderr and exits with status 2, no traceback.
 A file nanoFFN wrote itself is trusted where it is used, and any failure to use it becomes such a sentence (reading).
 A run that has to stop raises RunStopped (exit status 3); Ctrl-C exits with 130, also while a command imports torch
-(quiet_interrupt), and SIGTERM where a command stops on it as on Ctrl-C (raise_terminated) with 143. Only the standard
+(quiet_interrupt), and SIGTERM where a command stops on it as on Ctrl-C (compare.py) with 143. Only the standard
 library is imported here, so that a command can call it first, and on Windows it ends the command at once.
 """
 import ast
@@ -43,11 +43,6 @@ class RunStopped(Exception):
 class Terminated(BaseException):
     """SIGTERM (`kill`, `timeout`), raised where the command is: not an Exception, and no SystemExit, so nothing on its
     way out takes it for an error or for a config file's own sys.exit; 'terminated.', exit status 143."""
-
-
-def raise_terminated(signum, frame):
-    """A SIGTERM handler for a command that stops cleanly on it, as on Ctrl-C (compare.py stops its runs)."""
-    raise Terminated
 
 
 _TYPE_NAMES = {bool: 'a bool (True/False)', int: 'an int', float: 'a float', str: 'a string'}

@@ -71,7 +71,7 @@ def write_json(path, obj):
 
 @contextmanager
 def ctrl_c_held():
-    """Within it, a Ctrl-C (SIGINT), and a SIGTERM the command stops on as on it (cli.raise_terminated), waits: handed
+    """Within it, a Ctrl-C (SIGINT), and a SIGTERM the command stops on as on it (compare.py's), waits: handed
     to its handler once the block is done. A signal the command ignores stays ignored."""
     received = []
     held = [s for s in (signal.SIGINT, signal.SIGTERM) if callable(signal.getsignal(s))]

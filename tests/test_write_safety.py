@@ -27,7 +27,7 @@ import inspect_run  # noqa: E402
 import train  # noqa: E402
 from comparison import runs  # noqa: E402
 from machinery import files as file_safety, run_log  # noqa: E402
-from machinery.cli import Terminated, raise_terminated, run_cli  # noqa: E402
+from machinery.cli import Terminated, run_cli  # noqa: E402
 from comparison.runs import to_argv  # noqa: E402
 
 
@@ -165,7 +165,7 @@ def test_ctrl_c_during_a_checkpoint_waits_for_it(shakespeare_char_dir, tmp_path,
 
 
 @pytest.mark.parametrize('sig, handler, stop', [(signal.SIGINT, signal.default_int_handler, KeyboardInterrupt),
-                                                 (signal.SIGTERM, raise_terminated, Terminated)])
+                                                 (signal.SIGTERM, compare.raise_terminated, Terminated)])
 def test_a_stop_signal_waits_for_the_files_that_land_together(tmp_path, monkeypatch, sig, handler, stop):
     """compare.py stops on SIGTERM as on Ctrl-C: within ctrl_c_held either waits until every file is written, as a
     report's summary.json and summary.md must come from one comparison."""
