@@ -129,9 +129,12 @@ def set_up(cfg, checkpoint):
     for seed in (random.seed, np.random.seed, torch.manual_seed):  # each rank its own (dropout); DDP broadcasts
         seed(cfg['seed'] + hw.rank)  # rank 0's initial weights
     # the data: this rank's stream of batches, and the validation windows every run on the dataset is scored on
-    with distributed.rank_zero_first(hw):  # rank 0 prepares a bundled dataset not prepared yet, the others wait for it
-        r.loader = open_loader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'], cfg['data_dir'],
-                               hw.rank, hw.world_size, prepare=r.master)
+    if hw.ddp and not r.master:  # rank 0 prepares a bundled dataset not prepared yet, the others wait for it
+        dist.barrier()
+    r.loader = open_loader(cfg['dataset'], cfg['block_size'], cfg['batch_size'], cfg['seed'], cfg['data_dir'],
+                           hw.rank, hw.world_size, prepare=r.master)
+    if hw.ddp and r.master:
+        dist.barrier()
     r.val_hash = r.loader.val_hash(cfg['eval_iters'])  # logged: which windows every evaluation scores
     r.val_batches = [(X.to(hw.device), Y.to(hw.device)) for X, Y in r.loader.val_batches(cfg['eval_iters'])]
     r.accumulation = cfg['gradient_accumulation_steps']

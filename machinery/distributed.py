@@ -4,7 +4,7 @@ is rank 0 of 1 and joins nothing.
 """
 import gc
 import os
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 
 import torch
@@ -50,16 +50,6 @@ def setup(name, dtype):
     dist.init_process_group(backend='nccl' if name.startswith('cuda') else 'gloo',
                             device_id=torch.device(name) if name.startswith('cuda') else None)
     return Compute(name, dtype, True, rank, local_rank, world_size)
-
-
-@contextmanager
-def rank_zero_first(hw):
-    """Under DDP, rank 0 runs the block before the other ranks do (a preparation they all read)."""
-    if hw.ddp and hw.rank != 0:
-        dist.barrier()
-    yield
-    if hw.ddp and hw.rank == 0:
-        dist.barrier()
 
 
 def teardown(hw, failed):
