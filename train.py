@@ -44,7 +44,7 @@ from machinery import checkpoint as ckpt_io, device, distributed, speed, wandb_l
 from machinery.cli import UserError, parse_args, run_cli
 from machinery.files import ctrl_c_held, write_file
 from machinery.fingerprint import OTHER_CODE, code_hash
-from machinery.lock import lock_run_dir
+from machinery.lock import try_lock_run_dir
 from machinery.progress import progress_bar
 from machinery.run_log import (LOG, Diverged, append_log, check_finite_losses, check_finite_weights, note_diverged,
                                open_for_try)
@@ -162,7 +162,10 @@ def set_up(cfg, checkpoint):
                       if r.saved_iter is not None else 'no checkpoint had been written yet')
     r.log_lines, r.has_learned = 0, r.master  # only the master logs, so only it pays for GPT.learned's pass
     if r.master:
-        r.lock = lock_run_dir(r.out_dir)  # held until the run ends; the kernel drops it if the process dies
+        r.lock, owner = try_lock_run_dir(r.out_dir)  # held until the run ends; the kernel drops it if the process dies
+        if r.lock is None:
+            raise UserError(f"{r.out_dir} is in use by another run ({owner}); wait for it to finish or stop it, or "
+                            f"choose another --out_dir.")
         if cfg['wandb_log']:  # before the old run is replaced: a wandb that cannot start leaves it as it was
             r.wandb_run = wandb_log.start(cfg, r.out_dir)
         r.log_lines = open_for_try(r.out_dir, r.saved_iter, r.saved_lines)

@@ -48,12 +48,3 @@ def try_lock_run_dir(out_dir):
         f.truncate()
         f.write(f"{os.getpid()} {socket.gethostname()}\n".encode())
     return f, None
-
-
-def lock_run_dir(out_dir):
-    """The lock file of out_dir (see try_lock_run_dir), or a UserError naming the process that owns the directory."""
-    f, owner = try_lock_run_dir(out_dir)
-    if f is None:
-        raise UserError(f"{out_dir} is in use by another run ({owner}); wait for it to finish or stop it, or choose "
-                        f"another --out_dir.")
-    return f
