@@ -313,6 +313,19 @@ def matched_section(summary):
             '|---|:---:|---:|---:|---:|---:|:---:|'] + rows + ['']
 
 
+def holm_note(tests, family):
+    """tests: {name: a stats.paired result or None}. One sentence: which of the resolved verdicts Holm's correction
+    keeps over the family (a test at 95% on its own calls about 1 in 20 of the differences that are not there
+    resolved); '' for a family of fewer than 2 tests."""
+    names = [n for n, d in tests.items() if d and d['p'] is not None]
+    if len(names) < 2:
+        return ''
+    kept = [n for n, p in zip(names, stats.holm([tests[n]['p'] for n in names])) if p < 1 - stats.CONFIDENCE]
+    return (f"Each test is at 95% on its own; over the {len(names)} {family}, Holm's correction (Holm 1979) keeps "
+            f"{len(kept)} of the {sum(tests[n]['resolved'] for n in names)} resolved" + (': ' * bool(kept))
+            + ', '.join(kept) + '.')
+
+
 def pairs_section(summary):
     """Every pair of variants, row minus column, paired by seed; bold where the paired t-test resolves it."""
     names = list(summary['pairs'])
@@ -321,7 +334,9 @@ def pairs_section(summary):
     cell = lambda d: '–' if d is None else (f"**{d['mean']:+.4f}**" if d['resolved'] else f"{d['mean']:+.4f}")
     return ['## Every pair', '',
             "Δ = the row's final val loss minus the column's, paired by seed (mean over seeds); bold: resolved by a "
-            "paired t-test at 95%. summary.json has each pair's std, t and interval.", '',
+            "paired t-test at 95%. summary.json has each pair's std, t and interval. " + holm_note(  # 3+ variants: 3+ pairs
+                {f'{a} − {b}': summary['pairs'][a][b] for i, a in enumerate(names) for b in names[i + 1:]},
+                'pairs'), '',
             '| row − column | ' + ' | '.join(names) + ' |', '|---|' + '---:|' * len(names)] + [
             f"| {a} | " + ' | '.join('' if a == b else cell(summary['pairs'][a][b]) for b in names) + ' |'
             for a in names] + ['']
@@ -402,6 +417,8 @@ def write_markdown(path, summary):
                  s['params']['active'] != s['params']['total'] for s in summary['variants'].values()))
              + "; FFN: W_up/W_gate/W_down (all experts); extras: learned activation coefficients and MoA gates, all "
              "layers.",
+             *filter(None, [holm_note({v: s['diff_to_baseline'] for v, s in summary['variants'].items()},
+                                      f"tests against {summary['baseline']}")]),
              f"Seed noise (pooled over variants): std of the final val loss {summary['seed_std']:.4f}, of the paired "
              f"differences {fmt_loss(summary['paired_diff_std'])}." if summary['seed_std'] is not None
              else "One seed: no estimate of seed noise (use --seeds=3).", '']

@@ -34,6 +34,18 @@ def paired(diffs, confidence=CONFIDENCE):
     return out
 
 
+def holm(p_values):
+    """Holm's step-down correction (Holm 1979) of p-values tested together: the k-th smallest of m times (m − k + 1),
+    never below a smaller one's, at most 1; None (no test) stays None. An adjusted p below 1 − c holds with the whole
+    family at once: the chance of any false 'resolved' among them is at most 1 − c, not 1 − c for each."""
+    ranked = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    out, running = [None] * len(p_values), 0.0
+    for k, (p, i) in enumerate(ranked):
+        running = max(running, min(1.0, (len(ranked) - k) * p))
+        out[i] = running
+    return out
+
+
 def bootstrap_ci(values, confidence=CONFIDENCE, n_resamples=2000, seed=0):
     """A percentile bootstrap CI of the mean (scipy.stats.bootstrap, Efron 1979); None with fewer than 2 values or
     no spread. Seeded, so the same values always give the same interval."""

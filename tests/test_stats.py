@@ -1,5 +1,6 @@
 """Tests of stats.py on synthetic data with known answers: the power-law fit, the gap trend, the paired t-test, the
 bootstrap, and the matched verdicts (reach / loss_at, and report.matched) on hand-made loss curves."""
+import json
 import math
 import os
 import statistics
@@ -8,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
 
 from comparison import report, stats
 
@@ -258,3 +260,17 @@ def test_the_compute_multiplier_per_size_follows_the_paired_gap_not_the_laws_mis
     per_size = [p['multiplier'] for p in stats.compute_multiplier(base, var, budget=1e15, n_boot=50)['per_size']]
     assert per_size[:2] + per_size[3:] == pytest.approx([1.0] * 3, rel=1e-9)
     assert 0.8 < per_size[2] < 1.0
+
+
+def test_holms_correction_by_hand_and_in_the_summary():
+    """p = 0.01, 0.04, 0.03, 0.005: sorted, times 4, 3, 2, 1 (0.02, 0.03, 0.06, 0.04), each at least the one before
+    (0.04 -> 0.06). The shipped comparison: PolyReLU (p = 0.0071) and SwiGLU (p = 0.045) are resolved against GELU on
+    their own; over the 7 tests, 0.0071 x 7 < 0.05 holds and 0.045 x 6 does not."""
+    assert stats.holm([0.01, 0.04, None, 0.03, 0.005]) == pytest.approx([0.03, 0.06, None, 0.06, 0.02])
+    assert stats.holm([0.5]) == [0.5] and stats.holm([]) == []
+    summary = json.load(open(os.path.join(REPO, 'results', 'compare_shakespeare_char', 'summary.json')))
+    tests = {v: s['diff_to_baseline'] for v, s in summary['variants'].items()}
+    assert report.holm_note(tests, 'tests against gelu') == ("Each test is at 95% on its own; over the 7 tests against "
+                                                            "gelu, Holm's correction (Holm 1979) keeps 1 of the 2 "
+                                                            "resolved: polyrelu.")
+    assert report.holm_note({'a': tests['swiglu']}, 'tests') == ''  # one test: nothing to correct for
