@@ -85,11 +85,13 @@ PAPERS = {'PolyCom': 'ablate_polycom', 'MoA': 'ablate_moa'}  # README's paper co
 def claim_verdict(predicts, summary, compared):
     """(the finding as README shows it, resolved?, agrees?) of one claim against a shipped summary. compared: 'a − b'
     (a paired Δ of final losses) or 'best rate a / b'; predicts: '< 0' (a beats b), '≈ 0' (nothing clear), or '≥ 1.5'
-    (a's best rate at least 1.5x b's)."""
+    (a's best rate at least 1.5x b's: unresolved where the rates of lowest mean say otherwise than the chosen ones,
+    which the one-standard-error rule took from them within a tie)."""
     if compared.startswith('best rate '):
         a, b = compared.removeprefix('best rate ').replace('`', '').split(' / ')
+        holds = [summary['lr'][a][k] / summary['lr'][b][k] >= float(predicts.split()[-1]) for k in ('best', 'lowest')]
         ratio = summary['lr'][a]['best'] / summary['lr'][b]['best']
-        return f"{ratio:.3g}x", '', 'yes' if ratio >= float(predicts.split()[-1]) else 'no'
+        return f"{ratio:.3g}x", '', 'yes' if all(holds) else 'no' if not any(holds) else 'unresolved'
     a, b = compared.replace('`', '').split(' − ')
     d = summary['pairs'][a][b]
     found = f"{d['mean']:+.3f} ± {d['std']:.3f}".replace('-', '−')
@@ -136,13 +138,15 @@ def test_a_claims_verdict_follows_its_prediction():
     is 'unresolved'; a claim of no clear difference agrees only when unresolved; a rate claim compares the ratio."""
     d = lambda mean, resolved: {'mean': mean, 'std': 0.01, 'resolved': resolved}
     summary = {'pairs': {'a': {'b': d(-0.02, True), 'c': d(0.02, True), 'e': d(-0.01, False)}},
-               'lr': {'a': {'best': 8e-3}, 'b': {'best': 4e-3}}}
+               'lr': {'a': {'best': 8e-3, 'lowest': 8e-3}, 'b': {'best': 4e-3, 'lowest': 4e-3},
+                      'c': {'best': 4e-3, 'lowest': 8e-3}}}
     assert claim_verdict('< 0', summary, '`a` − `b`') == ('−0.020 ± 0.010', 'yes', 'yes')
     assert claim_verdict('< 0', summary, '`a` − `c`') == ('+0.020 ± 0.010', 'yes', 'no')
     assert claim_verdict('< 0', summary, '`a` − `e`')[2] == 'unresolved'
     assert claim_verdict('≈ 0', summary, '`a` − `e`')[2] == 'yes' and claim_verdict('≈ 0', summary, '`a` − `b`')[2] == 'no'
     assert claim_verdict('≥ 1.5', summary, 'best rate `a` / `b`') == ('2x', '', 'yes')
     assert claim_verdict('≥ 1.5', summary, 'best rate `b` / `a`')[2] == 'no'
+    assert claim_verdict('≥ 1.5', summary, 'best rate `c` / `b`') == ('1x', '', 'unresolved')  # 2x by the lowest mean
 
 
 def test_the_gpu_checks_python_imports_only_what_the_project_has():
