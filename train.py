@@ -46,8 +46,8 @@ from machinery.files import ctrl_c_held, write_file
 from machinery.fingerprint import OTHER_CODE, code_hash
 from machinery.lock import try_lock_run_dir
 from machinery.progress import progress_bar
-from machinery.run_log import (LOG, Diverged, append_log, check_finite_losses, check_finite_weights, note_diverged,
-                               open_for_try)
+from machinery.run_log import (DIVERGED_HINT, LOG, Diverged, append_log, check_finite_losses, check_finite_weights,
+                               note_diverged, open_for_try)
 from model import GPT, GPTConfig
 
 
@@ -158,8 +158,10 @@ def set_up(cfg, checkpoint):
     if checkpoint is not None:  # optimizer, scaler, counters, and every rank's data stream and RNG, exactly
         restore(checkpoint, r)
     r.lock = r.wandb_run = None
-    r.kept = lambda: (f"the last good checkpoint {r.ckpt_path} (iteration {r.saved_iter}) is kept"  # when it stops
-                      if r.saved_iter is not None else 'no checkpoint had been written yet')
+    r.kept = lambda: (  # what a divergence leaves, and what to do: the end of its sentence
+        (f"the last good checkpoint {r.ckpt_path} (iteration {r.saved_iter}) is kept" if r.saved_iter is not None
+         else 'no checkpoint had been written yet') + f"; {DIVERGED_HINT}{', set grad_clip' * (cfg['grad_clip'] == 0)}"
+        f", or use another dtype, then {'resume or ' * (r.saved_iter is not None)}start again")
     r.log_lines, r.has_learned = 0, r.master  # only the master logs, so only it pays for GPT.learned's pass
     if r.master:
         r.lock, owner = try_lock_run_dir(r.out_dir)  # held until the run ends; the kernel drops it if the process dies
@@ -288,6 +290,9 @@ def log_record(r, steps, dt, lr, grad_norm):
         record.update(loss_total=total, aux=aux, z=z)
     if grad_norm is not None:  # not finite where float16's loss scaler skips a step (and lowers its scale)
         record['grad_norm'] = norm if math.isfinite(norm := grad_norm.item()) else None
+        if record['grad_norm'] is None and not r.scaler.is_enabled():  # no scaler: clipping by it zeroed the update
+            raise Diverged(f"the gradient norm became non-finite ({norm}) at iteration {r.iter_num}, so clipping "
+                           f"zeroed the update: the run stopped and {r.kept()}.")
     return record
 
 

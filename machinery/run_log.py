@@ -20,7 +20,7 @@ from machinery.files import append_lines, remove_dead_temps, write_text
 
 LOG = 'log.jsonl'
 DIVERGED = 'diverged.txt'  # why the run diverged (train.py), its outcome at these settings; a new try removes it
-DIVERGED_HINT = 'lower learning_rate, set grad_clip, or use another dtype'
+DIVERGED_HINT = 'lower learning_rate'  # a divergence's advice begins so (compare.py leaves it out of its line)
 PICTURES = ('acts.png', 'acts.json')  # a run's pictures (inspect_run.py's, a comparison's of its first seed)
 
 
@@ -103,11 +103,11 @@ class Diverged(RunStopped):
 
 def check_finite_losses(losses, iter_num, kept):
     """Diverged naming the first of a log window's steps (rows of losses, the last completing iter_num) whose loss
-    was not finite; kept: what became of the checkpoint, in words."""
+    was not finite; kept: what became of the checkpoint and what to do, in words."""
     if len(bad := (~torch.isfinite(losses)).any(1).nonzero()):
         k = iter_num - len(losses) + int(bad[0]) + 1  # the iteration that step completed, as in the log
         raise Diverged(f"the training loss became non-finite ({losses[int(bad[0]), 0].item()}) at iteration {k}, so "
-                       f"the run stopped and {kept}; {DIVERGED_HINT}, then resume or start again.")
+                       f"the run stopped and {kept}.")
 
 
 def check_finite_weights(model, val_loss, iter_num, kept):
@@ -119,7 +119,7 @@ def check_finite_weights(model, val_loss, iter_num, kept):
                            f"its forward computes a non-finite value at its init: check the code it runs "
                            f"(activations.py, model.py), or use another dtype.")
         raise Diverged(f"the weights became non-finite at iteration {iter_num} (validation loss {val_loss}), so the run "
-                       f"stopped and {kept}; {DIVERGED_HINT}, then resume or start again.")
+                       f"stopped and {kept}.")
 
 
 def note_diverged(out_dir, e):

@@ -194,7 +194,12 @@ CASES = [
     ('sample a non-finite checkpoint', sample, nonfinite_checkpoint(False), 2, ['non-finite weights']),
     # a run that must stop
     ('diverging run', train, lambda w, tmp: DIVERGING + [f'--out_dir={tmp / "run"}'], 3,
-     ['weights became non-finite', 'last good checkpoint']),
+     ['weights became non-finite', 'last good checkpoint', 'set grad_clip', 'then resume or start again']),
+    # a gradient norm past float32 (the aux loss's 1e20): clipping by it scales every gradient to 0, a silent no-op
+    ('gradient norm overflows', train, args('--n_expert=2', '--top_k=1', '--aux_loss_weight=1e20', '--max_iters=4',
+                                            '--eval_interval=4'), 3,
+     ['gradient norm became non-finite (inf) at iteration 4', 'no checkpoint had been written yet; lower learning_rate, '
+      'or use another dtype, then start again.']),
 ]
 
 
