@@ -67,8 +67,8 @@ def coerce(key, value, want, default, where):
         return value
     if want is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    if want is str and isinstance(value, str):
-        return value
+    if want is str and isinstance(value, str):  # a folder's ~ too: no shell expands one after --key=
+        return os.path.expanduser(value) if key.endswith('_dir') else value
     shown = value if isinstance(value, str) else f'a {type(value).__name__}' if callable(value) else repr(value)
     raise UserError(f"{where}{key} expects {_TYPE_NAMES.get(want, want.__name__)} (default "
                     f"{'auto' if default is None else repr(default)}), got '{shown}'.")
@@ -79,7 +79,8 @@ def _unknown_key(key, valid, where):
     if close:
         return UserError(f"{where}unknown config key '{key}' (did you mean {' or '.join(repr(c) for c in close)}?); "
                          f"run with --help to list all {len(valid)} keys.")
-    return UserError(f"{where}unknown config key '{key}'; valid keys: {', '.join(sorted(valid))}.")
+    own = " (a config file's own names, a loop's variable or an imported value, start with _)" * bool(where)
+    return UserError(f"{where}unknown config key '{key}'{own}; valid keys: {', '.join(sorted(valid))}.")
 
 
 def _parse_literal(text, want, default):

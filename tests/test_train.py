@@ -407,6 +407,20 @@ def test_configurator_config_file(tmp_path):
         parse_args(DEFAULTS, [str(f)])
     f.write_text("compile = 'auto'\n")  # as on the command line, where --compile=auto works
     assert parse_args(DEFAULTS, [str(f)], types=configurator.TYPES)[0]['compile'] is None
+    f.write_text("for i in range(3):\n    pass\n")
+    with pytest.raises(UserError, match="unknown config key 'i' .a config file's own names, .*start with _"):
+        parse_args(DEFAULTS, [str(f)])
+
+
+def test_a_folders_tilde_is_the_users_home_from_a_flag_or_a_config_file(tmp_path, monkeypatch):
+    """No shell expands a ~ after --key=, nor in a config file's string: train.py made a folder named ~ in the
+    repository (which a later `rm -rf ~` would take for the home)."""
+    monkeypatch.setenv('HOME', str(tmp_path))
+    f = tmp_path / 'c.py'
+    f.write_text("data_dir = '~/data'\ndataset = '~/not_a_folder'\n")
+    cfg, _ = parse_args(configurator.DEFAULTS, [str(f), '--out_dir=~/run'], types=configurator.TYPES)
+    assert (cfg['out_dir'], cfg['data_dir']) == (str(tmp_path / 'run'), str(tmp_path / 'data'))
+    assert cfg['dataset'] == '~/not_a_folder'  # a name, not a path
 
 
 def test_run_cli_exit_codes(capsys):

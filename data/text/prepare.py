@@ -61,7 +61,7 @@ def prepare(inputs, tokenizer="gpt2", out_dir="", name="text", val_fraction=0.1,
     if not out_dir and (name in ("", ".", "..") or os.path.basename(name) != name):  # it must stay inside data/
         raise UserError(f"--name={name} is not a plain folder name; give one such as --name=mytext, or an --out_dir.")
     given = f"--out_dir={out_dir}" if out_dir else f"--name={name}"
-    out_dir = os.path.expanduser(out_dir) or os.path.join(DATA, name)  # --out_dir=~/mytext, as --input
+    out_dir = out_dir or os.path.join(DATA, name)
     code = sorted(f for f in os.listdir(out_dir) if f.endswith(".py")) if os.path.isdir(out_dir) else []
     if code and not os.path.samefile(out_dir, os.path.dirname(os.path.abspath(__file__))):  # but data/text, its own
         raise UserError(f"{given} holds {code[0]}: it is a folder of code, or of the dataset its prepare.py writes; "
