@@ -94,6 +94,10 @@ def setup(cfg):
             raise UserError(f"--{key} must be at least 1, got {cfg[key]}.")
     if cfg["profile"]:
         check_variants(cfg["profile"])
+    if cfg["n_expert"] and cfg["expert_hidden"]:  # the ratio to the twin would compare other FFN widths
+        raise UserError("--expert_hidden sets the experts' width apart from the dense model's, so an MoE has no dense "
+                        "twin of its active weights to be measured against; leave it at 0 (the dense width / top_k), "
+                        "or change both with --ffn_mult.")
     # train.py's checks of the keys bench shares: the model's and each activation's, batch_size, threads...
     shared = {**configurator.DEFAULTS,
               **{k: cfg[k] for k in (*MODEL_DEFAULTS, "batch_size", "compile_mode", "threads", "peak_flops")}}
@@ -105,6 +109,13 @@ def setup(cfg):
     if dtype == "float16":  # float16 trains with a loss scaler, which bench's step leaves out
         raise UserError(f"bench.py measures float32 and bfloat16, not float16 (--dtype={cfg['dtype']} on "
                         f"{dev}); pass --dtype=float32.")
+    if True in modes:  # before the eager pass: a cache Inductor cannot write would end the command after it
+        speed.check_compile_cache()
+    if cfg["json"] and not cfg["profile"]:  # the report goes there: say so before the work, after the settings
+        if os.path.isdir(cfg["json"]):
+            raise UserError(f"--json={cfg['json']} is a folder; give the report a file name, e.g. "
+                            f"--json={os.path.join(cfg['json'], 'bench.json')}.")
+        check_writable(os.path.dirname(cfg["json"]) or ".", create=True)
     # every variant recompiles the same GPT.forward frame: past Dynamo's limit (8) it would silently run eager
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # torch < 2.7
     setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 4 * len(variants)))
@@ -304,11 +315,6 @@ def main(argv):
     if cfg["profile"]:
         profile(cfg)
         return
-    if cfg["json"]:  # the report goes there: say so before the work, not after
-        if os.path.isdir(cfg["json"]):
-            raise UserError(f"--json={cfg['json']} is a folder; give the report a file name, e.g. "
-                            f"--json={os.path.join(cfg['json'], 'bench.json')}.")
-        check_writable(os.path.dirname(cfg["json"]) or ".", create=True)
     report = benchmark(cfg, argv)
     m = report["machine"]
     print(f"\n{m['device_name']} ({m['device']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads), "

@@ -38,19 +38,19 @@ def write_file(path, write, binary=False):
             os.remove(tmp)
 
 
-def check_writable(folder, create=False):
+def check_writable(folder, create=False, advice='choose a folder you can write to'):
     """A UserError unless files can be created in folder (created first with create=True): checked before a command
     does its work, so that it never fails after it has replaced something."""
     if create:
         try:
             os.makedirs(folder, exist_ok=True)
         except OSError as e:
-            raise UserError(f"cannot create the folder {folder} ({e.strerror or e}); choose one you can write to.") from None
+            raise UserError(f"cannot create the folder {folder} ({e.strerror or e}); {advice}.") from None
     try:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
         reason = 'no such folder' if isinstance(e, FileNotFoundError) else e.strerror or str(e)
-        raise UserError(f"cannot write in {folder} ({reason}); choose a folder you can write to.") from None
+        raise UserError(f"cannot write in {folder} ({reason}); {advice}.") from None
 
 
 def write_text(path, text):

@@ -7,6 +7,8 @@ import re
 
 import torch
 
+from machinery.files import check_writable
+
 # dense tensor-core peaks per GPU, (bf16/fp16, tf32) FLOP/s, from NVIDIA's datasheets (half their "with sparsity"
 # figures), matched as whole words of torch.cuda.get_device_name in this order: a model's variants before the model
 # itself (whole words: the laptop "RTX A1000" is no A100)
@@ -50,6 +52,14 @@ def compile_cache_dir():
     return USER_CACHE_DIR or os.path.join(base, 'nanoffn', 'torchinductor')
 
 
+def check_compile_cache():
+    """compile_cache_dir(), or a UserError where Inductor could not write there (its own error is a traceback)."""
+    path = compile_cache_dir()
+    check_writable(path, create=True, advice="set TORCHINDUCTOR_CACHE_DIR or XDG_CACHE_HOME to a folder you can "
+                                             "write to, or use --compile=False")
+    return path
+
+
 def compile_model(model, mode):
     """Compile a GPT for training; returns what to call in place of the model. regional: every Block compiled in place
     (PyTorch's "regional compilation"): the blocks share code and shapes, so one graph serves every layer, built once
@@ -57,7 +67,7 @@ def compile_model(model, mode):
     so its vocabulary-sized logits are not copied to fp32 and read again eagerly. whole: the whole GPT as one graph,
     fused across blocks, at more compile time. dynamic=False: every batch has the same shape, so Dynamo specialises
     once."""
-    os.environ['TORCHINDUCTOR_CACHE_DIR'] = compile_cache_dir()  # read when Inductor first compiles
+    os.environ['TORCHINDUCTOR_CACHE_DIR'] = check_compile_cache()  # read when Inductor first compiles
     if mode == 'whole':
         return torch.compile(model, dynamic=False)
     for block in model.transformer.h:

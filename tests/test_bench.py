@@ -72,9 +72,23 @@ def test_user_mistakes_are_one_sentence_errors(tmp_path):
                         (["--threads=-1"], "--threads must not be negative"),
                         (["--peak_flops=-1"], "--peak_flops must be a finite number >= 0"),
                         (["--json=/proc/nope/bench.json"], "cannot create the folder"),
+                        (["--n_expert=2", "--expert_hidden=8"], "no dense twin of its active weights"),
                         ([f"--json={tmp_path}"], "is a folder")]:  # before the work
         with pytest.raises(UserError, match=words):
             bench.main(TINY + ["--repeats=1", "--json="] + args)
+    with pytest.raises(UserError, match="unknown ffn"):  # a mistake leaves no folder for the report behind
+        bench.main(TINY + ["--variants=nope", f"--json={tmp_path / 'new' / 'bench.json'}"])
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_compile_cache_inductor_cannot_write_is_said_before_any_measurement(tmp_path, monkeypatch):
+    """Inductor's own failure to make its cache folder was a traceback, after the eager pass's measurements."""
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setattr(bench.speed, "USER_CACHE_DIR", str(tmp_path / "afile" / "cache"))
+    monkeypatch.setattr(bench, "run_mode", lambda *a: pytest.fail("measured before the check"))
+    with pytest.raises(UserError, match="set TORCHINDUCTOR_CACHE_DIR or XDG_CACHE_HOME to a folder you can write to"):
+        bench.main(TINY + ["--compile=both", "--repeats=1", f"--json={tmp_path / 'out' / 'bench.json'}"])
+    assert not (tmp_path / "out").exists()
 
 
 def test_auto_device_never_picks_mps_which_bench_does_not_measure(monkeypatch):

@@ -224,6 +224,21 @@ def test_hostile_input(case, script, extra, code, words, world, tmp_path, capsys
 # what is left after the cases above
 
 
+def test_a_compile_cache_inductor_cannot_write_is_one_sentence(world, tmp_path, capsys, monkeypatch):
+    """$XDG_CACHE_HOME (or $TORCHINDUCTOR_CACHE_DIR) on a file: Inductor's own failure to make its folder was a
+    traceback; it is said before the run directory is opened."""
+    from machinery import speed
+    (tmp_path / 'afile').write_text('')
+    monkeypatch.setattr(speed, 'USER_CACHE_DIR', None)
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'afile'))
+    code, err = call(train.main, TINY + [f'--data_dir={world.data}', f'--out_dir={tmp_path / "out"}', '--max_iters=2',
+                                         '--compile=True'], capsys)
+    lines = message_lines(err)
+    assert code == 2 and len(lines) == 1 and 'Traceback' not in err, err
+    assert f"cannot create the folder {tmp_path / 'afile'}" in lines[0] and '--compile=False' in lines[0]
+    assert not (tmp_path / 'out').exists()
+
+
 def test_divergence_leaves_a_finite_checkpoint_that_loads_and_resumes(world, tmp_path, capsys):
     """With learning_rate=100 PolyReLU's weights overflow: the run stops before a checkpoint holds them. The last
     checkpoint is finite, samples, and resumes exactly (the same step diverges again, and it is kept again)."""
