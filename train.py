@@ -217,6 +217,9 @@ def restore(ckpt, r):
     if moved and r.master:  # lr_decay_iters=0 follows max_iters
         print(f"note: the learning rate now decays to min_lr at iteration {r.cfg['max_iters']}, not {decay_was}; "
               f"give --lr_decay_iters={decay_was} to keep the checkpoint's schedule.", file=sys.stderr)
+    if r.iter_num >= r.cfg['max_iters'] and r.master:
+        print(f"note: the checkpoint is at iteration {r.iter_num}, --max_iters={r.cfg['max_iters']}: nothing is left "
+              f"to train; give a larger --max_iters to go on.", file=sys.stderr)
     if not same and r.master:
         print(f"note: the checkpoint was written by {ckpt['world_size']} process(es), this run has "
               f"{r.hw.world_size}; the data stream continues, dropout randomness does not.", file=sys.stderr)

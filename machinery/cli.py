@@ -100,7 +100,7 @@ def read_text(path, what, example):
     if not os.path.isfile(path):
         raise UserError(f"{what} '{path}' not found; give a path such as {example}.")
     try:
-        with open(path, encoding='utf-8') as f:
+        with open(path, encoding='utf-8-sig') as f:  # a byte-order mark (as Windows' Notepad saves) is not text
             return f.read()
     except UnicodeDecodeError:
         raise UserError(f"{what} '{path}' is not UTF-8 text; save it as UTF-8.") from None

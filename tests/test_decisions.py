@@ -567,7 +567,7 @@ def resumed(world_size, rank, saved_world, n_states, monkeypatch, capsys, device
     ckpt = {'optimizer': opt.state_dict(), 'scaler': None, 'iter_num': 4, 'best_val_loss': 2.0, 'tokens': 64,
             'train_time': 1.0, 'world_size': saved_world, 'loader': [f'loader{i}' for i in range(n_states)],
             'rng': [f'rng{i}' for i in range(n_states)], 'log_lines': 3,
-            'config': {'lr_decay_iters': 0, 'max_iters': 4, 'schedule': 'cosine'}}
+            'config': {'lr_decay_iters': 0, 'max_iters': 8, 'schedule': 'cosine'}}  # 4 of 8 done
     rngs = []
     monkeypatch.setattr(train, 'set_rng_state', lambda state, device_type: rngs.append((state, device_type)))
     r = types.SimpleNamespace(optimizer=torch.optim.AdamW([torch.nn.Parameter(torch.ones(3))]), scaler=None,

@@ -20,7 +20,7 @@ sys.path.insert(0, ROOT)
 import configurator  # noqa: E402
 import train as train_py  # noqa: E402
 from machinery import cli, distributed, fingerprint, run_log  # noqa: E402
-from machinery.cli import UserError, parse_args  # noqa: E402
+from machinery.cli import UserError, parse_args, read_text  # noqa: E402
 from nan_train import nan_step  # noqa: E402
 
 TINY = ['--device=cpu', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
@@ -108,7 +108,7 @@ def test_a_resume_says_when_its_checkpoint_was_trained_with_other_code(shakespea
         assert said == noted
 
 
-def test_a_resume_says_when_a_longer_run_moves_the_end_of_its_schedule(shakespeare_char_dir, tmp_path, capsys):
+def test_a_resume_says_when_it_moves_the_end_of_its_schedule_or_has_nothing_left(shakespeare_char_dir, tmp_path, capsys):
     first = str(tmp_path / 'first')
     train_here(shakespeare_char_dir, first, '--max_iters=2', '--eval_interval=2', '--lr_decay_iters=0')
     for i, (given, noted) in enumerate(((['--max_iters=2'], False), (['--max_iters=4', '--lr_decay_iters=2'], False),
@@ -117,9 +117,13 @@ def test_a_resume_says_when_a_longer_run_moves_the_end_of_its_schedule(shakespea
         out = shutil.copytree(first, tmp_path / str(i))
         capsys.readouterr()
         train_py.main([f'--out_dir={out}', '--init_from=resume', *given])
+        err = capsys.readouterr().err
         said = ('note: the learning rate now decays to min_lr at iteration 4, not 2; give --lr_decay_iters=2 to keep '
-                "the checkpoint's schedule.") in capsys.readouterr().err
+                "the checkpoint's schedule.") in err
         assert said == noted, given
+        # a resume with nothing left to train says so, not only 'done'
+        assert ('note: the checkpoint is at iteration 2, --max_iters=2: nothing is left to train; give a larger '
+                '--max_iters to go on.' in err) == (given == ['--max_iters=2'])
 
 
 def test_a_resume_warns_of_log_lines_lost_since_its_checkpoint(shakespeare_char_dir, tmp_path, capsys):
@@ -410,6 +414,15 @@ def test_configurator_config_file(tmp_path):
     f.write_text("for i in range(3):\n    pass\n")
     with pytest.raises(UserError, match="unknown config key 'i' .a config file's own names, .*start with _"):
         parse_args(DEFAULTS, [str(f)])
+
+
+def test_a_byte_order_mark_is_not_part_of_a_text_file(tmp_path):
+    """Windows' Notepad may save UTF-8 with a byte-order mark: a config file with one was a syntax error, a prompt
+    was refused for U+FEFF, and a char dataset's vocabulary held it."""
+    f = tmp_path / 'c.py'
+    f.write_bytes('\ufeffn_layer = 2\n'.encode('utf-8'))
+    assert parse_args(DEFAULTS, [str(f)])[0]['n_layer'] == 2
+    assert read_text(str(f), 'config file', 'c.py') == 'n_layer = 2\n'
 
 
 def test_a_folders_tilde_is_the_users_home_from_a_flag_or_a_config_file(tmp_path, monkeypatch):
