@@ -35,7 +35,7 @@ class GPTConfig:
     n_head: int = 6
     n_embd: int = 384
     dropout: float = 0.0
-    bias: bool = False
+    bias: bool = False  # in the Linears and LayerNorms; an MoE's experts have none (as Mixtral's), nor its router
     norm: str = "rmsnorm"  # rmsnorm | layernorm
     pos: str = "rope"  # rope | learned
     # feed-forward

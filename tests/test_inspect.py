@@ -326,17 +326,22 @@ def test_the_history_is_the_logged_record_and_a_log_without_it_still_inspects(co
     assert os.path.getsize(os.path.join(run, 'acts.png')) > 10_000
 
 
-@pytest.mark.parametrize('folder', ['empty', 'missing', 'file'])
+@pytest.mark.parametrize('folder', ['empty', 'missing', 'file', 'diverged'])
 def test_missing_checkpoint_is_one_line(tmp_path, capsys, folder):
-    """An empty folder (a comparison's, say), none at all, or a file: there is no checkpoint, and where a comparison
-    keeps its runs."""
+    """An empty folder (a comparison's, say), none at all, a file, or a run that diverged before its first
+    checkpoint: there is no checkpoint, and where a comparison keeps its runs."""
     (tmp_path / 'file').write_text('')
+    (tmp_path / 'diverged').mkdir()
+    (tmp_path / 'diverged' / 'diverged.txt').write_text('the training loss became non-finite\n')
     with pytest.raises(SystemExit) as e:
-        run_cli(inspect_run.main, [f'--out_dir={tmp_path / {"empty": "", "missing": "nope", "file": "file"}[folder]}'])
+        where = {'empty': '', 'missing': 'nope'}.get(folder, folder)
+        run_cli(inspect_run.main, [f'--out_dir={tmp_path / where}'])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and 'there is no checkpoint at' in err[0]
     hint = {'missing': 'no such folder; give the --out_dir of a run', 'file': 'a file; give the --out_dir of a run',
-            'empty': 'wait for that, or use another --out_dir'}[folder]
+            'empty': 'wait for that, or use another --out_dir',
+            'diverged': 'the run diverged before its first (diverged.txt says why), so it has nothing to inspect',
+            }[folder]
     assert f"{hint} (a comparison's runs are its OUT/VARIANT/[lrRATE/]seedN)." in err[0]
 
 
