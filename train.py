@@ -26,7 +26,6 @@ quiet_interrupt(__name__)
 import json
 import math
 import os
-import platform
 import random
 import sys
 import time
@@ -47,7 +46,7 @@ from machinery.fingerprint import OTHER_CODE, code_hash
 from machinery.lock import try_lock_run_dir
 from machinery.progress import progress_bar
 from machinery.run_log import (DIVERGED_HINT, LOG, Diverged, append_log, check_finite_losses, check_finite_weights,
-                               note_diverged, open_for_try)
+                               environment, note_diverged, open_for_try)
 from model import GPT, GPTConfig
 
 
@@ -102,16 +101,6 @@ def evaluate(model, val_batches, autocast, hw):
     model.train()
     halves = [(total[0] / total[1]).item(), (total[2] / total[3]).item()] if n >= 2 else None
     return ((total[0] + total[2]) / (total[1] + total[3])).item(), halves
-
-
-def environment(hw):
-    """What a run ran on, for its log: torch's version (its build after '+') and commit, the CUDA and cuDNN versions
-    where there are any, the device's name, and torch's CPU threads."""
-    cuda = hw.device_type == 'cuda'
-    return {'torch': torch.__version__, 'torch_commit': torch.version.git_version[:12], 'cuda': torch.version.cuda,
-            'cudnn': torch.backends.cudnn.version() if cuda else None, 'threads': torch.get_num_threads(),
-            'device': torch.cuda.get_device_name(hw.device) if cuda else f"{hw.device_type} "
-                                                                          f"{platform.processor() or platform.machine()}"}
 
 
 def set_up(cfg, checkpoint):

@@ -9,6 +9,7 @@ run's directory ready for a new try.
 import json
 import math
 import os
+import platform
 import sys
 from contextlib import suppress
 
@@ -22,6 +23,16 @@ LOG = 'log.jsonl'
 DIVERGED = 'diverged.txt'  # why the run diverged (train.py), its outcome at these settings; a new try removes it
 DIVERGED_HINT = 'lower learning_rate'  # a divergence's advice begins so (compare.py leaves it out of its line)
 PICTURES = ('acts.png', 'acts.json')  # a run's pictures (inspect_run.py's, a comparison's of its first seed)
+
+
+def environment(hw):
+    """What a run ran on, for its log: torch's version (its build after '+') and commit, the CUDA and cuDNN versions
+    where there are any, the device's name, and torch's CPU threads."""
+    cuda = hw.device_type == 'cuda'
+    return {'torch': torch.__version__, 'torch_commit': torch.version.git_version[:12], 'cuda': torch.version.cuda,
+            'cudnn': torch.backends.cudnn.version() if cuda else None, 'threads': torch.get_num_threads(),
+            'device': torch.cuda.get_device_name(hw.device) if cuda else f"{hw.device_type} "
+                                                                          f"{platform.processor() or platform.machine()}"}
 
 
 def parse_record(line):

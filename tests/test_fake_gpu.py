@@ -22,7 +22,7 @@ import configurator  # noqa: E402
 from activations import VARIANTS, make_activations  # noqa: E402
 from comparison.runs import meta_model  # noqa: E402
 from data.write import write_shard  # noqa: E402
-from machinery import device, distributed, speed  # noqa: E402
+from machinery import device, distributed, run_log, speed  # noqa: E402
 from machinery.cli import UserError  # noqa: E402
 from machinery.distributed import Compute  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -181,10 +181,10 @@ def test_the_run_records_what_it_ran_on(fake_gpu, monkeypatch):
     fake_gpu(name='NVIDIA L4', capability=(8, 9))
     monkeypatch.setattr(torch.version, 'cuda', '12.8')
     monkeypatch.setattr(torch.backends.cudnn, 'version', lambda: 91002)
-    env = train.environment(distributed.setup('cuda', 'auto'))
+    env = run_log.environment(distributed.setup('cuda', 'auto'))
     assert env['device'] == 'NVIDIA L4' and env['cuda'] == '12.8' and env['cudnn'] == 91002
     assert env['torch'] == torch.__version__ and env['torch_commit'] == torch.version.git_version[:12]
-    assert train.environment(Compute('cpu', 'float32'))['cudnn'] is None
+    assert run_log.environment(Compute('cpu', 'float32'))['cudnn'] is None
 
 
 def test_the_memory_check_reads_the_gpus_total_then_what_is_free(fake_gpu, shakespeare_char_dir):
