@@ -44,8 +44,8 @@ def check(cfg):
     if not (cfg['temperature'] == 0 or 1e-3 <= cfg['temperature'] < float('inf')):
         raise UserError(f"--temperature must be 0 (greedy) or a finite number of at least 0.001, got "
                         f"{cfg['temperature']}.")
-    if not 0 <= cfg['seed'] < 2**64:
-        raise UserError(f"--seed must be between 0 and 2**64 - 1, got {cfg['seed']}.")
+    if cfg['seed'] < 0:  # an int is below 2**63 already (cli.INT_RANGE)
+        raise UserError(f"--seed must be between 0 and 2**63 - 1, got {cfg['seed']}.")
 
 
 def main(argv):

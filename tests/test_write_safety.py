@@ -356,7 +356,8 @@ def test_a_wandb_that_cannot_be_imported_is_refused_before_the_old_run_is_replac
     (compare, ['--sizes=1x32', '--tokens_per_param=1e30'], 'iterations'),
     ('sample', ['--temperature=1e-300'], '--temperature'),
     ('sample', ['--seed=18446744073709551616'], '--seed'),
-], ids=['train seed 2**32', 'tokens_per_param 1e30', 'temperature 1e-300', 'sample seed 2**64'])
+    ('sample', ['--seed=-1'], '--seed must be between 0 and 2**63 - 1, got -1.'),  # as 2**63 is said: one range
+], ids=['train seed 2**32', 'tokens_per_param 1e30', 'temperature 1e-300', 'sample seed 2**64', 'sample seed -1'])
 def test_numbers_out_of_range_are_one_sentence(script, argv, words, compared, capsys, tmp_path):
     import sample
     _, out = compared
