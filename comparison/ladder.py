@@ -174,8 +174,9 @@ def multiplier_section(lad):
              f"{base}'s final loss against training compute is fitted as L(C) = E + A·C^(−α); a variant reaching loss "
              f"L with compute C is worth C_{base}(L) / C (> 1: worth more compute): per size with L the law's value "
              f"at {base}'s compute there plus the paired gap (so the law's miss of {base}'s mean cancels), at "
-             f"{EXTRAPOLATE}x the largest size's compute from its own fitted law. [95% interval: a bootstrap over "
-             f"seeds widened to a t interval.] Speedup: the multiplier x the tokens/s ratio, {rows[0][1]['times']}.",
+             f"{EXTRAPOLATE}x the largest size's compute from its own fitted law. [95% interval: per size, the "
+             f"paired gap's t interval through the law; at {EXTRAPOLATE}x, a bootstrap over seeds widened to a t "
+             f"interval.] Speedup: the multiplier x the tokens/s ratio, {rows[0][1]['times']}.",
              '',
              '| variant | ' + ' | '.join(s['name'] for s in sz) + f" | at {EXTRAPOLATE}x compute | speedup per size |",
              '|---|' + '---:|' * (len(sz) + 2)]
@@ -212,9 +213,10 @@ def write_markdown(path, lad):
         lines += [f"| {v} | " + ' | '.join(f"{r:.3g}" for r in rates) + ' |' for v, rates in lad['rates'].items()]
     lines += ['', f'## Gap to {base} and its trend with size', '',
               f"Gap Δ = L_variant − L_{base}, paired over seeds: mean [95% t interval]. Trend: the least-squares slope "
-              f"of Δ against ln N, through each size's mean Δ (with 2 sizes, every seed's) [95% CI]: 'rises' (the variant loses ground to {base} as models grow), "
-              f"'falls' (it gains), or 'flat within noise'. {BOOTSTRAP_MIN_SEEDS}+ seeds: summary.json adds a "
-              f"bootstrap CI.", '', head + ' trend: slope per ln N [95% CI] |', rule + ':---|']
+              f"of Δ against ln N, through each size's mean Δ (with 2 sizes, every seed's) [95% CI]: 'rises' (the "
+              f"variant loses ground to {base} as models grow), 'falls' (it gains), or 'flat within noise'. "
+              f"{BOOTSTRAP_MIN_SEEDS}+ seeds: summary.json adds a bootstrap CI.", '',
+              head + ' trend: slope per ln N [95% CI] |', rule + ':---|']
     gap = lambda g: '–' if g is None else fmt(g['mean'], '+.4f', ci=g.get('ci')) + ('' if g.get('ci') else ' (no CI)')
     trend = lambda t: '– (needs 2 sizes, 3 gaps)' if t is None else (
         f"**{t['verdict']}**: " + fmt(t['slope_per_ln_n'], '+.4f', ci=t['ci']))

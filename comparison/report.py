@@ -316,9 +316,9 @@ def matched_section(summary):
 def holm_note(tests, family):
     """tests: {name: a stats.paired result or None}. One sentence: which of the resolved verdicts Holm's correction
     keeps over the family (a test at 95% on its own calls about 1 in 20 of the differences that are not there
-    resolved); '' for a family of fewer than 2 tests."""
+    resolved); '' for a family of fewer than 2 tests, or none resolved."""
     names = [n for n, d in tests.items() if d and d['p'] is not None]
-    if len(names) < 2:
+    if len(names) < 2 or not any(tests[n]['resolved'] for n in names):
         return ''
     kept = [n for n, p in zip(names, stats.holm([tests[n]['p'] for n in names])) if p < 1 - stats.CONFIDENCE]
     return (f"Each test is at 95% on its own; over the {len(names)} {family}, Holm's correction (Holm 1979) keeps "
@@ -334,9 +334,9 @@ def pairs_section(summary):
     cell = lambda d: '–' if d is None else (f"**{d['mean']:+.4f}**" if d['resolved'] else f"{d['mean']:+.4f}")
     return ['## Every pair', '',
             "Δ = the row's final val loss minus the column's, paired by seed (mean over seeds); bold: resolved by a "
-            "paired t-test at 95%. summary.json has each pair's std, t and interval. " + holm_note(  # 3+ variants: 3+ pairs
+            "paired t-test at 95%. summary.json has each pair's std, t and interval. " + holm_note(
                 {f'{a} − {b}': summary['pairs'][a][b] for i, a in enumerate(names) for b in names[i + 1:]},
-                'pairs'), '',
+                'pairs'), '',  # 3+ variants: 3+ pairs
             '| row − column | ' + ' | '.join(names) + ' |', '|---|' + '---:|' * len(names)] + [
             f"| {a} | " + ' | '.join('' if a == b else cell(summary['pairs'][a][b]) for b in names) + ' |'
             for a in names] + ['']

@@ -172,35 +172,38 @@ def compute_multiplier(base_points, var_points, budget, n_boot=1000, seed=0):
     law L_b(C) = E + A·C^(−α) fitted over its sizes, a variant reaching loss L_v with compute C_v is worth
     C_b(L_v) / C_v (> 1: worth that much more compute). Per size, L_v = L_b(C_b) + the mean paired gap L_v − L_b
     there: the law gives the rate at which compute buys loss, the runs the gap, so the law's miss of the baseline's own
-    mean at a size cancels (the baseline against itself is exactly 1). At `budget`, from the variant's own fitted law,
-    L_v(budget). Points: [(compute, [loss per seed])] per size, seed i the same batches for both; None where a fit is
-    not identifiable."""
-    def multipliers(pick):
-        b = [(c, statistics.fmean([ls[i] for i in pick])) for c, ls in base_points]
-        v = [(c, statistics.fmean([ls[i] for i in pick])) for c, ls in var_points]
+    mean at a size cancels (the baseline against itself is exactly 1), and its interval is the gap's t interval (paired)
+    through the law, so it leaves out 1 where the paired test resolves the gap. At `budget`, from the variant's own
+    fitted law, L_v(budget). Points: [(compute, [loss per seed])] per size, seed i the same batches for both; None
+    where a fit is not identifiable."""
+    def fits(pick):  # both laws, fitted to the mean losses of the seeds `pick`
+        b, v = ([(c, statistics.fmean([ls[i] for i in pick])) for c, ls in points]
+                for points in (base_points, var_points))
         fb, fv = power_law_fit(*zip(*b)), power_law_fit(*zip(*v))
-        if not (fb['identifiable'] and fv['identifiable']):
-            return None
-        on_law = lambda c: power_law(c, fb['E'], fb['A'], fb['alpha'])
-        at = [compute_for_loss(fb, on_law(cb) + lv - lb) / cv for (cb, lb), (cv, lv) in zip(b, v)]
-        return at + [compute_for_loss(fb, power_law(budget, fv['E'], fv['A'], fv['alpha'])) / budget]
+        return (fb, fv) if fb['identifiable'] and fv['identifiable'] else None
 
+    worth = lambda fb, loss, c: compute_for_loss(fb, loss) / c
     n_seeds = min(len(ls) for _, ls in base_points + var_points)
-    point = multipliers(list(range(n_seeds)))
-    if point is None:
+    if (laws := fits(range(n_seeds))) is None:
         return None
-    # the interval: ln(multiplier)'s spread over seed resamples paired across sizes and variants (a bootstrap, Efron
+    fb, fv = laws
+    finite = lambda x: float(x) if math.isfinite(x) else None  # inf: a loss below the baseline's floor E
+    per_size = []
+    for (cb, lb), (cv, lv) in zip(base_points, var_points):
+        on_law, gap = power_law(cb, fb['E'], fb['A'], fb['alpha']), paired([v - b for v, b in zip(lv, lb)][:n_seeds])
+        # the gap's interval through the law: its larger end is the smaller multiplier
+        ends = [float(worth(fb, on_law + g, cv)) for g in reversed(gap['ci'])] if gap['ci'] else []
+        per_size.append({'multiplier': finite(worth(fb, on_law + gap['mean'], cv)),
+                         'ci': ends if ends and all(map(math.isfinite, ends)) else None})
+    # at the budget: ln(multiplier)'s spread over seed resamples paired across sizes and variants (a bootstrap, Efron
     # 1979) as a standard error, widened to a t interval with n_seeds − 1 dof (a percentile one of 2-4 seeds is narrow)
-    rng = np.random.default_rng(seed)
-    boots = np.log([m for m in (multipliers(list(rng.integers(0, n_seeds, n_seeds))) for _ in range(n_boot)) if m])
-
-    def interval(k, m):
-        col = boots[:, k][np.isfinite(boots[:, k])] if len(boots) > 1 and n_seeds > 1 else []
-        if len(col) < 2 or not math.isfinite(m):
-            return None
-        half = t_quantile(n_seeds - 1) * col.std(ddof=1) * math.sqrt(n_seeds / (n_seeds - 1))
-        return [math.exp(math.log(m) - half), math.exp(math.log(m) + half)]
-
-    # a multiplier of inf: the variant's loss is below the baseline's floor E
-    out = [{'multiplier': float(m) if math.isfinite(m) else None, 'ci': interval(k, m)} for k, m in enumerate(point)]
-    return {'per_size': out[:-1], 'at_budget': {**out[-1], 'compute': budget}, 'seeds': n_seeds, 'bootstrap': len(boots)}
+    at = lambda fb, fv: worth(fb, power_law(budget, fv['E'], fv['A'], fv['alpha']), budget)
+    m, rng = at(fb, fv), np.random.default_rng(seed)
+    boots = np.log([at(*f) for f in (fits(list(rng.integers(0, n_seeds, n_seeds))) for _ in range(n_boot)) if f])
+    boots = boots[np.isfinite(boots)]
+    ci = None
+    if len(boots) > 1 and n_seeds > 1 and math.isfinite(m):
+        half = t_quantile(n_seeds - 1) * boots.std(ddof=1) * math.sqrt(n_seeds / (n_seeds - 1))
+        ci = [math.exp(math.log(m) - half), math.exp(math.log(m) + half)]
+    return {'per_size': per_size, 'at_budget': {'multiplier': finite(m), 'ci': ci, 'compute': budget},
+            'seeds': n_seeds, 'bootstrap': len(boots)}
