@@ -18,8 +18,8 @@ Worth knowing:
 - init_from=resume takes the settings saved in out_dir/ckpt.pt with only what you pass on top; the model keys and
   the data stream (dataset, batch_size, block_size, seed) cannot change. One run per out_dir (a lock). A resume is
   exact on a CPU; on a GPU some kernels are not deterministic, so it matches to bf16's rounding.
-- A run stops (exit status 3) when a loss or the weights become non-finite (why: out_dir/diverged.txt) or a file
-  cannot be written; a checkpoint only ever holds finite weights.
+- A run stops (exit status 3) when a loss, the gradient norm or the weights become non-finite (why:
+  out_dir/diverged.txt) or a file cannot be written; a checkpoint only ever holds finite weights.
 """
 from machinery.cli import quiet_interrupt  # first of all: a Ctrl-C while torch imports ends as quietly as one later
 quiet_interrupt(__name__)
@@ -282,9 +282,11 @@ def log_record(r, steps, dt, lr, grad_norm):
         record.update(loss_total=total, aux=aux, z=z)
     if grad_norm is not None:  # not finite where float16's loss scaler skips a step (and lowers its scale)
         record['grad_norm'] = norm if math.isfinite(norm := grad_norm.item()) else None
-        if record['grad_norm'] is None and not r.scaler.is_enabled():  # no scaler: clipping by it zeroed the update
+        # no scaler to skip the step: clipping by an infinite norm zeroes the update, by a NaN one makes it NaN (checked
+        # at each log line, as the losses are: one sync a window)
+        if record['grad_norm'] is None and not r.scaler.is_enabled():
             raise Diverged(f"the gradient norm became non-finite ({norm}) at iteration {r.iter_num}, so clipping "
-                           f"zeroed the update: the run stopped and {r.kept()}.")
+                           f"could not scale the update: the run stopped and {r.kept()}.")
     return record
 
 

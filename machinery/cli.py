@@ -67,8 +67,8 @@ def coerce(key, value, want, default, where):
         return value
     if want is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    if want is str and isinstance(value, str):  # a folder's ~ too: no shell expands one after --key=
-        return os.path.expanduser(value) if key.endswith('_dir') else value
+    if want is str and isinstance(value, str):  # a path's ~ too (a folder's, bench.py's report's): no shell expands
+        return os.path.expanduser(value) if key.endswith('_dir') or key == 'json' else value  # one after --key=
     shown = value if isinstance(value, str) else f'a {type(value).__name__}' if callable(value) else repr(value)
     raise UserError(f"{where}{key} expects {_TYPE_NAMES.get(want, want.__name__)} (default "
                     f"{'auto' if default is None else repr(default)}), got '{shown}'.")
@@ -97,6 +97,7 @@ def _parse_literal(text, want, default):
 
 def read_text(path, what, example):
     """A UTF-8 text file the user named (a config file, a prompt), or the UserError that says what is wrong with it."""
+    path = os.path.expanduser(path)  # --start=FILE:~/prompt.txt
     if not os.path.isfile(path):
         raise UserError(f"{what} '{path}' not found; give a path such as {example}.")
     try:

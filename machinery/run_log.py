@@ -28,11 +28,10 @@ PICTURES = ('acts.png', 'acts.json')  # a run's pictures (inspect_run.py's, a co
 def environment(hw):
     """What a run ran on, for its log: torch's version (its build after '+') and commit, the CUDA and cuDNN versions
     where there are any, the device's name, and torch's CPU threads."""
-    cuda = hw.device_type == 'cuda'
+    cuda, cpu = hw.device_type == 'cuda', platform.processor() or platform.machine()
     return {'torch': torch.__version__, 'torch_commit': torch.version.git_version[:12], 'cuda': torch.version.cuda,
             'cudnn': torch.backends.cudnn.version() if cuda else None, 'threads': torch.get_num_threads(),
-            'device': torch.cuda.get_device_name(hw.device) if cuda else f"{hw.device_type} "
-                                                                          f"{platform.processor() or platform.machine()}"}
+            'device': torch.cuda.get_device_name(hw.device) if cuda else f"{hw.device_type} {cpu}"}
 
 
 def parse_record(line):
@@ -109,7 +108,8 @@ def open_for_try(out_dir, saved_iter, saved_lines=0):
 
 
 class Diverged(RunStopped):
-    """A loss or the weights became non-finite: the run's outcome at these settings, kept in out_dir/diverged.txt."""
+    """A loss, the gradient norm or the weights became non-finite: the run's outcome at these settings, kept in
+    out_dir/diverged.txt."""
 
 
 def check_finite_losses(losses, iter_num, kept):

@@ -108,7 +108,7 @@ def test_a_resume_says_when_its_checkpoint_was_trained_with_other_code(shakespea
         assert said == noted
 
 
-def test_a_resume_says_when_it_moves_the_end_of_its_schedule_or_has_nothing_left(shakespeare_char_dir, tmp_path, capsys):
+def test_a_resume_says_when_it_moves_its_schedules_end_or_has_nothing_left(shakespeare_char_dir, tmp_path, capsys):
     first = str(tmp_path / 'first')
     train_here(shakespeare_char_dir, first, '--max_iters=2', '--eval_interval=2', '--lr_decay_iters=0')
     for i, (given, noted) in enumerate(((['--max_iters=2'], False), (['--max_iters=4', '--lr_decay_iters=2'], False),
@@ -434,6 +434,10 @@ def test_a_folders_tilde_is_the_users_home_from_a_flag_or_a_config_file(tmp_path
     cfg, _ = parse_args(configurator.DEFAULTS, [str(f), '--out_dir=~/run'], types=configurator.TYPES)
     assert (cfg['out_dir'], cfg['data_dir']) == (str(tmp_path / 'run'), str(tmp_path / 'data'))
     assert cfg['dataset'] == '~/not_a_folder'  # a name, not a path
+    (tmp_path / 'p.txt').write_text('ROMEO:')
+    assert read_text('~/p.txt', 'prompt file', 'p.txt') == 'ROMEO:'  # sample.py's --start=FILE:~/p.txt
+    import bench
+    assert parse_args(bench.DEFAULTS, ['--json=~/b.json'])[0]['json'] == str(tmp_path / 'b.json')
 
 
 def test_run_cli_exit_codes(capsys):
