@@ -143,9 +143,12 @@ def check_comparison(cfg, overrides=None):
         raise UserError(f"--smooth must be in [0, 1), got {cfg['smooth']}.")
     if cfg['init_from'] != 'scratch':
         raise UserError("compare.py resumes cut-off runs by itself; drop --init_from.")
-    if cfg['max_iters'] < 1 or not cfg['always_save_checkpoint']:
-        raise UserError("a comparison's run is done once its checkpoint is at max_iters, so give --max_iters of at "
-                        "least 1 and keep --always_save_checkpoint=True.")
+    if cfg['max_iters'] < 1:
+        raise UserError(f"--max_iters must be at least 1 in a comparison, got {cfg['max_iters']}.")
+    if not cfg['always_save_checkpoint']:  # a single run's config file may set it False
+        raise UserError("a comparison's run is done once its checkpoint is at max_iters, so it needs "
+                        "always_save_checkpoint=True; give a comparison's config file, or "
+                        "--always_save_checkpoint=True.")
     if not (cfg['plan'] or cfg['report']):  # the runs train on this machine: a device it lacks is said now, and a
         resolve_device(cfg['device'])  # dtype name (bfloat16 support is each run's to check, on its own GPU)
         resolve_dtype(cfg['dtype'], 'cpu')

@@ -903,3 +903,15 @@ def test_a_summary_explains_active_parameters_only_where_it_shows_them(tmp_path)
     params['active'] = params['total'] // 2
     report.write_markdown(str(tmp_path / 's.md'), summary)
     assert explained()
+
+
+def test_a_single_runs_config_is_refused_for_what_it_sets_not_for_what_it_does_not(tmp_path):
+    """config/shakespeare_char.py keeps only the best checkpoint (always_save_checkpoint=False): a comparison cannot
+    tell a finished run by it. The refusal names that, not also a --max_iters of at least 1 it already has (2000)."""
+    cfg = compare.settings([os.path.join(REPO, 'config', 'shakespeare_char.py'), f'--out_dir={tmp_path}'])
+    refusal = (r"^a comparison's run is done .* needs always_save_checkpoint=True; give a comparison's config file, "
+               r"or --always_save_checkpoint=True\.$")
+    with pytest.raises(compare.UserError, match=refusal):
+        compare.check_comparison(cfg)
+    with pytest.raises(compare.UserError, match=r"^--max_iters must be at least 1 in a comparison, got 0\.$"):
+        compare.check_comparison(compare.settings([f'--out_dir={tmp_path}', '--max_iters=0']))
