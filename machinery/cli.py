@@ -99,7 +99,8 @@ def read_text(path, what, example):
     """A UTF-8 text file the user named (a config file, a prompt), or the UserError that says what is wrong with it."""
     path = os.path.expanduser(path)  # --start=FILE:~/prompt.txt
     if not os.path.isfile(path):
-        raise UserError(f"{what} '{path}' not found; give a path such as {example}.")
+        raise UserError(f"{what} '{path}' {'is a folder' if os.path.isdir(path) else 'not found'}; give a path such "
+                        f"as {example}.")
     try:
         with open(path, encoding='utf-8-sig') as f:  # a byte-order mark (as Windows' Notepad saves) is not text
             return f.read()

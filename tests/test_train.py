@@ -436,6 +436,8 @@ def test_a_folders_tilde_is_the_users_home_from_a_flag_or_a_config_file(tmp_path
     assert cfg['dataset'] == '~/not_a_folder'  # a name, not a path
     (tmp_path / 'p.txt').write_text('ROMEO:')
     assert read_text('~/p.txt', 'prompt file', 'p.txt') == 'ROMEO:'  # sample.py's --start=FILE:~/p.txt
+    with pytest.raises(UserError, match=f"^prompt file '{tmp_path}' is a folder; give a path such as p.txt.$"):
+        read_text('~', 'prompt file', 'p.txt')
     import bench
     assert parse_args(bench.DEFAULTS, ['--json=~/b.json'])[0]['json'] == str(tmp_path / 'b.json')
 
