@@ -318,12 +318,12 @@ def holm_note(tests, family):
     keeps over the family (a test at 95% on its own calls about 1 in 20 of the differences that are not there
     resolved); '' for a family of fewer than 2 tests, or none resolved."""
     names = [n for n, d in tests.items() if d and d['p'] is not None]
-    if len(names) < 2 or not any(tests[n]['resolved'] for n in names):
+    resolved = [n for n in names if tests[n]['resolved']]
+    if len(names) < 2 or not resolved:
         return ''
     kept = [n for n, p in zip(names, stats.holm([tests[n]['p'] for n in names])) if p < 1 - stats.CONFIDENCE]
     return (f"Each test is at 95% on its own; over the {len(names)} {family}, Holm's correction (Holm 1979) keeps "
-            f"{len(kept)} of the {sum(tests[n]['resolved'] for n in names)} resolved" + (': ' * bool(kept))
-            + ', '.join(kept) + '.')
+            f"{len(kept)} of the {len(resolved)} resolved" + (': ' * bool(kept)) + ', '.join(kept) + '.')
 
 
 def pairs_section(summary):
