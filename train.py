@@ -45,7 +45,7 @@ from machinery.files import ctrl_c_held, write_file
 from machinery.fingerprint import OTHER_CODE, code_hash
 from machinery.lock import try_lock_run_dir
 from machinery.progress import progress_bar
-from machinery.run_log import (DIVERGED_HINT, LOG, Diverged, append_log, check_finite_losses, check_finite_weights,
+from machinery.run_log import (DIVERGED_HINT, LOG, Diverged, append_log, check_finite_steps, check_finite_weights,
                                environment, note_diverged, open_for_try)
 from model import GPT, GPTConfig
 
@@ -237,7 +237,8 @@ def set_rng_state(state, device_type):
 
 def step(r, lr):
     """One optimizer step over gradient_accumulation_steps micro-batches: forward, backward, clip, step. Returns the
-    [total loss, cross-entropy, aux, z] averaged over micro-steps, on the device (no sync), and the grad norm."""
+    [total loss, cross-entropy, aux, z] averaged over micro-steps and the gradient norm (0 unclipped), on the device
+    (no sync)."""
     for group in r.optimizer.param_groups:
         group['lr'] = lr
     losses = torch.zeros(4, device=r.hw.device)
@@ -250,7 +251,7 @@ def step(r, lr):
             _, loss, terms = r.model(X, Y)
         losses += torch.stack([loss.detach().float(), terms['ce'], terms['aux'], terms['z']]) / r.accumulation
         r.scaler.scale(loss / r.accumulation).backward()
-    grad_norm = None
+    grad_norm = torch.zeros((), device=r.hw.device)
     if r.cfg['grad_clip'] > 0:
         r.scaler.unscale_(r.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(r.model.parameters(), r.cfg['grad_clip'])
@@ -258,35 +259,34 @@ def step(r, lr):
     r.scaler.update()
     r.optimizer.zero_grad(set_to_none=True)
     r.iter_num, r.tokens = r.iter_num + 1, r.tokens + r.tokens_per_iter
-    return losses, grad_norm
+    return torch.cat([losses, grad_norm.float()[None]])
 
 
 def window_losses(window, hw):
-    """The per-step losses since the last log line, averaged over processes, on the host: the window's one sync,
-    so every step of it has run on the device when this returns."""
-    losses = torch.stack(window)  # (steps in window, 4)
+    """The per-step losses and gradient norms since the last log line, averaged over processes, on the host: the
+    window's one sync, so every step of it has run on the device when this returns."""
+    losses = torch.stack(window)  # (steps in window, 5)
     if hw.ddp:
         dist.all_reduce(losses)  # gloo has no AVG: sum, then divide
         losses /= hw.world_size
     return losses.cpu()
 
 
-def log_record(r, steps, dt, lr, grad_norm):
-    """A log line's record from the window's per-step losses (a non-finite one stops the run)."""
-    check_finite_losses(steps[:, :2], r.iter_num, r.kept())
-    total, ce, aux, z = steps[-1].tolist()
+def log_record(r, steps, dt, lr):
+    """A log line's record from the window's per-step losses and gradient norms (a non-finite one stops the run)."""
+    check_finite_steps(steps[:, :2], r.iter_num, 'the training loss', r.kept())
+    if r.cfg['grad_clip'] > 0 and not r.scaler.is_enabled():  # float16's scaler skips a step of a non-finite norm
+        # without it, clipping by an infinite norm zeroes the update (a silent no-op), by a NaN one makes it NaN
+        check_finite_steps(steps[:, 4:], r.iter_num, 'the gradient norm, by which clipping scales the update,',
+                           r.kept())
+    total, ce, aux, z, norm = steps[-1].tolist()
     record = {'iter': r.iter_num, 'tokens': r.tokens, 'lr': lr, 'loss': ce, 'ms': dt * 1000.0,
               'tok_s': r.tokens_per_iter / dt, 'batch_hash': r.loader.batch_hash,
               'mfu': r.raw_model.estimate_mfu(r.tokens_per_iter // r.hw.world_size, dt, r.peak) if r.peak else None}
     if r.raw_model.config.n_expert > 0:
         record.update(loss_total=total, aux=aux, z=z)
-    if grad_norm is not None:  # not finite where float16's loss scaler skips a step (and lowers its scale)
-        record['grad_norm'] = norm if math.isfinite(norm := grad_norm.item()) else None
-        # no scaler to skip the step: clipping by an infinite norm zeroes the update, by a NaN one makes it NaN (checked
-        # at each log line, as the losses are: one sync a window)
-        if record['grad_norm'] is None and not r.scaler.is_enabled():
-            raise Diverged(f"the gradient norm became non-finite ({norm}) at iteration {r.iter_num}, so clipping "
-                           f"could not scale the update: the run stopped and {r.kept()}.")
+    if r.cfg['grad_clip'] > 0:  # not finite where float16's loss scaler skipped the step (and lowered its scale)
+        record['grad_norm'] = norm if math.isfinite(norm) else None
     return record
 
 
@@ -373,8 +373,7 @@ def train(r):
         window, t_window, c_window = [], time.time(), compiling()
         while r.iter_num < cfg['max_iters']:
             lr = get_lr(r.iter_num, cfg)
-            losses, grad_norm = step(r, lr)
-            window.append(losses)
+            window.append(step(r, lr))
             pbar.update(1)
             is_eval = r.iter_num % cfg['eval_interval'] == 0 or r.iter_num == cfg['max_iters']
             if not (is_eval or r.iter_num % cfg['log_interval'] == 0):
@@ -383,7 +382,7 @@ def train(r):
             # step time leaves out compiling (a compiled run's first steps trace and build their graphs)
             dt = (time.time() - t_window - (compiling() - c_window)) / len(window)
             r.train_time += dt * len(window)
-            record = log_record(r, steps, dt, lr, grad_norm)
+            record = log_record(r, steps, dt, lr)
             pbar.set_postfix(loss=f"{record['loss']:.4f}", lr=f'{lr:.2e}', ms=f'{dt * 1000:.0f}')
             if is_eval:
                 val_loss = add_evaluation(r, record)

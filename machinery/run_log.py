@@ -112,13 +112,13 @@ class Diverged(RunStopped):
     out_dir/diverged.txt."""
 
 
-def check_finite_losses(losses, iter_num, kept):
-    """Diverged naming the first of a log window's steps (rows of losses, the last completing iter_num) whose loss
-    was not finite; kept: what became of the checkpoint and what to do, in words."""
-    if len(bad := (~torch.isfinite(losses)).any(1).nonzero()):
-        k = iter_num - len(losses) + int(bad[0]) + 1  # the iteration that step completed, as in the log
-        raise Diverged(f"the training loss became non-finite ({losses[int(bad[0]), 0].item()}) at iteration {k}, so "
-                       f"the run stopped and {kept}.")
+def check_finite_steps(values, iter_num, what, kept):
+    """Diverged naming the first of a log window's steps (rows of values, the last completing iter_num) with a value
+    that was not finite; what: the first column, in words; kept: what became of the checkpoint and what to do."""
+    if len(bad := (~torch.isfinite(values)).any(1).nonzero()):
+        k = iter_num - len(values) + int(bad[0]) + 1  # the iteration that step completed, as in the log
+        raise Diverged(f"{what} became non-finite ({values[int(bad[0]), 0].item()}) at iteration {k}, so the run "
+                       f"stopped and {kept}.")
 
 
 def check_finite_weights(model, val_loss, iter_num, kept):

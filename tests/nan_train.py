@@ -10,12 +10,13 @@ import train  # noqa: E402
 from machinery.cli import run_cli  # noqa: E402
 
 
-def nan_step(step, k):
-    """train.step whose step completing iteration k has a NaN loss, before backward (so its gradients are NaN too)."""
+def nan_step(step, k, scale=float('nan')):
+    """train.step whose step completing iteration k has its loss times scale, before backward (so its gradients are
+    too): NaN, or a factor whose gradients overflow float32 while the loss does not."""
     def nan_at_k(r, lr):
         if r.iter_num + 1 != k:
             return step(r, lr)
-        hook = r.model.register_forward_hook(lambda module, args, out: (out[0], out[1] * float('nan'), out[2]))
+        hook = r.model.register_forward_hook(lambda module, args, out: (out[0], out[1] * scale, out[2]))
         try:
             return step(r, lr)
         finally:

@@ -334,6 +334,20 @@ def test_nonfinite_loss_stops_and_keeps_checkpoint(shakespeare_char_dir, tmp_pat
     assert max(r['iter'] for r in log(out)) == 2  # the poisoned step was never logged
 
 
+def test_a_non_finite_gradient_norm_inside_a_log_window_stops_the_run(shakespeare_char_dir, tmp_path, monkeypatch,
+                                                                       capsys):
+    """Iteration 2's loss times 1e30 stays finite, but its gradients' norm overflows float32: clipping by it zeroes
+    the update, a silent no-op step. Though iteration 2 is not the last of its log window (4 iterations), it stops the
+    run."""
+    out = str(tmp_path)
+    monkeypatch.setattr(train_py, 'step', nan_step(train_py.step, 2, scale=1e30))
+    code, err = in_process(train_py.main, [*TINY, f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}',
+                                           '--max_iters=4', '--log_interval=4', '--eval_interval=4'], capsys)
+    lines = [l for l in err.strip().splitlines() if '%' not in l]
+    assert code == 3 and len(lines) == 1 and 'gradient norm' in lines[0] and '(inf) at iteration 2' in lines[0], err
+    assert [r['iter'] for r in log(out)] == [0] and not os.path.exists(os.path.join(out, 'ckpt.pt'))
+
+
 def test_a_model_non_finite_before_any_step_stops_at_iteration_0_and_blames_its_formula(shakespeare_char_dir, tmp_path,
                                                                                       monkeypatch, capsys):
     """A formula edit that gives NaN at init: the run stops before training, says so, and logs no NaN line (which
