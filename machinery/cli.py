@@ -193,7 +193,8 @@ def parse_args(defaults, argv, types=None, prog='train.py', doc='', notes=()):
         if arg.startswith('--') and not equals and want is bool:
             equals, text = '=', 'True'  # a bool key alone switches it on: --plan means --plan=True
         if not arg.startswith('--') or not equals:
-            raise UserError(f"cannot read argument '{arg}'; write overrides as --key=value (e.g. --n_layer=4).")
+            example = key if arg.startswith('--') and key in defaults else next(iter(defaults))  # a key it has
+            raise UserError(f"cannot read argument '{arg}'; write overrides as --key=value (e.g. --{example}=VALUE).")
         if key not in defaults:
             raise _unknown_key(key, list(defaults), '')
         config[key] = coerce(key, _parse_literal(text, want, defaults[key]), want, defaults[key], '--')

@@ -271,7 +271,7 @@ def test_runs_done_elsewhere_are_checked_like_local_ones(planned, extra, words, 
 def test_a_bool_key_alone_switches_it_on():
     cfg, given = compare.parse_args(compare.DEFAULTS, ['--plan'], types=TYPES)
     assert cfg['plan'] is True and cfg['report'] is False and given == {'plan': '--'}
-    with pytest.raises(UserError, match='--key=value'):  # any other key still needs its value
+    with pytest.raises(UserError, match=r'--key=value \(e.g. --n_layer=VALUE\)'):  # any other key needs its value
         compare.parse_args(compare.DEFAULTS, ['--n_layer'], types=TYPES)
 
 

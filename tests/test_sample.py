@@ -60,6 +60,12 @@ def test_sample_rejects_characters_outside_the_vocabulary(tiny_run, capsys):
     assert "'é' is not in this dataset's vocabulary" in err and 'give a --start prompt of those characters' in err
 
 
+@pytest.mark.parametrize('arg, example', [('--start', '--start=VALUE'), ('-x', '--out_dir=VALUE')])
+def test_an_argument_without_its_value_is_shown_with_a_key_sample_has(arg, example, capsys):
+    code, err = in_process(sample.main, [arg], capsys)  # not train.py's --n_layer, which sample.py does not take
+    assert code == 2 and f"cannot read argument '{arg}'; write overrides as --key=value (e.g. {example})." in err
+
+
 @pytest.mark.parametrize('code, cause', [('before an edit', 'it was trained with other code of activations.py or '
                                                              'model.py than they hold now; restore the code it was'),
                                          (None, 'it is damaged or not written by nanoFFN')])
