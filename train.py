@@ -243,7 +243,7 @@ def step(r, lr):
         group['lr'] = lr
     losses = torch.zeros(4, device=r.hw.device)
     for micro_step in range(r.accumulation):
-        X, Y = (t.pin_memory().to(r.hw.device, non_blocking=True) if r.hw.device_type == 'cuda' else t
+        X, Y = (t.pin_memory().to(r.hw.device, non_blocking=True) if r.hw.device_type == 'cuda' else t.to(r.hw.device)
                 for t in r.loader.next_batch())
         if r.hw.ddp:  # sync gradients across processes on the last micro-step only (nanoGPT's no_sync)
             r.model.require_backward_grad_sync = micro_step == r.accumulation - 1

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -410,6 +411,20 @@ def test_evaluation_sums_without_float64_on_mps():
     with MpsWithoutFloat64():
         on_mps = train.evaluate(gpt, batches, contextlib.nullcontext(), Compute('mps', 'float32'))
     assert on_mps[0] == pytest.approx(on_cpu[0], rel=1e-6) and on_mps[1] == pytest.approx(on_cpu[1], rel=1e-6)
+
+
+def test_a_training_step_moves_its_batch_to_the_models_device_on_mps_too():
+    """--device=auto picks MPS on a Mac: the loader's CPU batch must reach the model there, as on CUDA. The meta
+    device stands in for MPS: neither the CPU nor CUDA, and a batch left on the CPU fails against it as on MPS."""
+    with torch.device('meta'):
+        gpt = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=65))
+    batch = torch.randint(65, (2, 16)), torch.randint(65, (2, 16))
+    r = types.SimpleNamespace(hw=Compute('meta', 'float32'), model=gpt, accumulation=1, cfg={'grad_clip': 1.0},
+                              autocast=contextlib.nullcontext(), loader=types.SimpleNamespace(next_batch=lambda: batch),
+                              optimizer=torch.optim.AdamW(gpt.parameters()), scaler=torch.amp.GradScaler(enabled=False),
+                              iter_num=0, tokens=0, tokens_per_iter=32)
+    got = train.step(r, 1e-3)
+    assert got.device.type == 'meta' and got.shape == (5,) and r.iter_num == 1
 
 
 def test_a_runs_pictures_are_computed_without_float64_on_mps():
