@@ -305,7 +305,7 @@ def test_a_gpu_config_plans_on_a_machine_with_or_without_gpus(fake_gpu, tmp_path
 
 def test_bench_sets_up_the_first_gpu_with_bfloat16(fake_gpu):
     fake_gpu(n=2)
-    cfg, _ = bench.parse_args(bench.DEFAULTS, ['--variants=gelu'])
+    cfg, _ = bench.parse_args(bench.DEFAULTS, ['--variants=gelu', '--json='])
     threads = torch.get_num_threads()
     try:
         assert bench.setup(cfg)[2:] == ('cuda:0', 'bfloat16')
@@ -318,7 +318,7 @@ def test_bench_refuses_float16_also_where_auto_chooses_it(fake_gpu, dtype):
     """On a T4, dtype=auto is float16, which needs the loss scaler bench's step leaves out: refused as plainly as
     --dtype=float16."""
     fake_gpu(name='Tesla T4', capability=(7, 5))
-    cfg, _ = bench.parse_args(bench.DEFAULTS, ['--variants=gelu', f'--dtype={dtype}'])
+    cfg, _ = bench.parse_args(bench.DEFAULTS, ['--variants=gelu', f'--dtype={dtype}', '--json='])
     threads = torch.get_num_threads()
     try:
         with pytest.raises(UserError, match=rf"not float16 \(--dtype={dtype} on cuda:0\); pass --dtype=float32\."):
