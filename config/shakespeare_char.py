@@ -1,5 +1,5 @@
 # A small character-level GPT on the bundled Shakespeare corpus, sized for a laptop CPU (~0.8M parameters).
-#   python data/shakespeare_char/prepare.py && python train.py config/shakespeare_char.py   # --ffn=... to compare
+#   python train.py config/shakespeare_char.py   # --ffn=... to compare; the corpus is prepared on first use
 #   python sample.py --out_dir=out-shakespeare-char
 # Tokens: 2000 x 12 x 64 = 1.5M (~0.34 epoch). Run time: BENCHMARKS.md, "The first ten minutes".
 

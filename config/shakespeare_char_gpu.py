@@ -1,5 +1,5 @@
 # nanoGPT's "baby GPT" on the bundled Shakespeare characters, one GPU (it overfits: dropout, best checkpoint only).
-#   python data/shakespeare_char/prepare.py && python train.py config/shakespeare_char_gpu.py
+#   python train.py config/shakespeare_char_gpu.py   # the corpus is prepared on first use
 # Tokens: 5000 x 64 x 256 = 82M (~18 epochs). Time: an ESTIMATE, never measured: a few minutes on one H100/H200.
 
 out_dir = 'out-shakespeare-char-gpu'
