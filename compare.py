@@ -26,7 +26,7 @@ import sys
 import time
 
 import configurator
-from configurator import TYPES, check, keys_that, memory_needs
+from configurator import TYPES, check, keys_that, memory_needs, schedule_note
 from comparison import acts, ladder, placement, plots, report, stats
 from machinery.cli import RunStopped, Terminated, UserError, parse_args, run_cli, split_arg, split_list
 from machinery.device import resolve_device, resolve_dtype
@@ -655,10 +655,8 @@ def main(argv):
                         "add --sizes (e.g. --sizes=2x64,3x96,4x128) or drop them.")
     from_default = all(a.startswith('-') for a in argv)  # settings() began with the default config, whose sweep tunes
     comp = check_comparison(cfg, [a for a in argv if a.startswith('--')] if from_default else None)
-    decays = cfg['schedule'] != 'constant' and not cfg['report']  # a config's schedule, kept as --max_iters shortens
-    if decays and cfg['lr_decay_iters'] > cfg['max_iters']:
-        print(f"compare: note: lr_decay_iters={cfg['lr_decay_iters']} lies past max_iters={cfg['max_iters']}, so the "
-              f"rate never decays to min_lr; --lr_decay_iters=0 ends the schedule with the runs.", file=sys.stderr)
+    if not cfg['report'] and (note := schedule_note(cfg)):
+        print(f"compare: {note}", file=sys.stderr)
     run_comparison(cfg, comp, grid_runs(cfg, comp))
 
 

@@ -249,6 +249,15 @@ def check(cfg):
                             f"({type(e).__name__}: {e}); pip install wandb, or drop --wandb_log.") from None
 
 
+def schedule_note(cfg):
+    """A note where the learning rate can never reach min_lr: an lr_decay_iters past max_iters (a config's, kept as
+    --max_iters shortens its runs); else None."""
+    if cfg['schedule'] != 'constant' and cfg['lr_decay_iters'] > cfg['max_iters']:
+        return (f"note: lr_decay_iters={cfg['lr_decay_iters']} lies past max_iters={cfg['max_iters']}, so the rate "
+                f"never decays to min_lr; --lr_decay_iters=0 ends the schedule with the run.")
+    return None
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # a resumed run's settings and model keys, from its checkpoint (machinery/checkpoint.py reads it)
 

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import (DEFAULTS, NOTES, TYPES, check, check_memory, model_args, model_config,
-                          resumed_settings)
+                          resumed_settings, schedule_note)
 from data.loader import open_loader
 from machinery import checkpoint as ckpt_io, device, distributed, speed, wandb_log
 from machinery.cli import UserError, parse_args, run_cli
@@ -160,6 +160,8 @@ def set_up(cfg, checkpoint):
         if cfg['wandb_log']:  # before the old run is replaced: a wandb that cannot start leaves it as it was
             r.wandb_run = wandb_log.start(cfg, r.out_dir)
         r.log_lines = open_for_try(r.out_dir, r.saved_iter, r.saved_lines)
+        if note := schedule_note(cfg):  # e.g. a config's lr_decay_iters, kept as --max_iters shortens the run
+            print(note, file=sys.stderr)
         print(f"{cfg['dataset']} ({r.loader.meta.get('tokenizer')}, vocab {r.loader.meta['vocab_size']}): "
               f"{r.tokens_per_iter:,} tokens per iteration ({hw.world_size} process(es) x {r.accumulation} "
               f"accumulation steps x {cfg['batch_size']} x {cfg['block_size']})")

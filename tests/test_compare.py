@@ -695,7 +695,7 @@ def test_a_variant_without_a_tuned_rate_is_named_untuned_with_the_command_that_t
                      r'\(tuned_at \w+, these settings \w+\); no tuned rate for xielu\)', err)
     _, err = plan(['--max_iters=30', '--max_iters=40'], shakespeare_char_dir, tmp_path / 'short')  # schedule: 300
     assert ('compare: note: lr_decay_iters=300 lies past max_iters=40, so the rate never decays to min_lr; '
-            '--lr_decay_iters=0 ends the schedule with the runs.') in err
+            '--lr_decay_iters=0 ends the schedule with the run.') in err
     assert ' --max_iters=40` tunes them.' in err and '--max_iters=30' not in err  # given twice: its last value
     _, err = plan(['--variants=polyrelu,polyrelu:poly_order=2', '--baseline=polyrelu'], shakespeare_char_dir,
                   tmp_path / 'own')  # a baseline of the user's: the sweep needs it too, or it refuses the variants

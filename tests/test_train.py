@@ -126,6 +126,19 @@ def test_a_resume_says_when_it_moves_its_schedules_end_or_has_nothing_left(shake
                 '--max_iters to go on.' in err) == (given == ['--max_iters=2'])
 
 
+def test_a_schedule_that_never_reaches_min_lr_is_noted(shakespeare_char_dir, tmp_path, capsys):
+    """A config's lr_decay_iters kept as --max_iters shortens the run leaves the rate near its peak: train.py says
+    so, as compare.py does; a schedule that ends with the run, or a constant one, says nothing."""
+    for i, (given, noted) in enumerate(((['--lr_decay_iters=10'], True), (['--lr_decay_iters=4'], False),
+                                        (['--lr_decay_iters=0'], False),
+                                        (['--lr_decay_iters=10', '--schedule=constant'], False))):
+        capsys.readouterr()
+        train_here(shakespeare_char_dir, str(tmp_path / str(i)), '--max_iters=4', '--eval_interval=4', *given)
+        said = ('note: lr_decay_iters=10 lies past max_iters=4, so the rate never decays to min_lr; --lr_decay_iters=0 '
+                'ends the schedule with the run.') in capsys.readouterr().err
+        assert said == noted, given
+
+
 def test_a_resume_warns_of_log_lines_lost_since_its_checkpoint(shakespeare_char_dir, tmp_path, capsys):
     out = str(tmp_path)
     train_here(shakespeare_char_dir, out, '--max_iters=2', '--eval_interval=2')
@@ -324,7 +337,7 @@ def test_nonfinite_loss_stops_and_keeps_checkpoint(shakespeare_char_dir, tmp_pat
     out = str(tmp_path)
     monkeypatch.setattr(train_py, 'step', nan_step(train_py.step, 3))  # iteration 3's loss is NaN
     code, err = in_process(train_py.main, [*TINY, f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}',
-                                           '--max_iters=5', '--eval_interval=2'], capsys)
+                                           '--max_iters=5', '--eval_interval=2', '--lr_decay_iters=0'], capsys)
     assert code == 3 and 'Traceback' not in err
     lines = [l for l in err.strip().splitlines() if '%' not in l]
     assert len(lines) == 1 and 'non-finite' in lines[0] and 'iteration 3' in lines[0], err
@@ -342,7 +355,8 @@ def test_a_non_finite_gradient_norm_inside_a_log_window_stops_the_run(shakespear
     out = str(tmp_path)
     monkeypatch.setattr(train_py, 'step', nan_step(train_py.step, 2, scale=1e30))
     code, err = in_process(train_py.main, [*TINY, f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}',
-                                           '--max_iters=4', '--log_interval=4', '--eval_interval=4'], capsys)
+                                           '--max_iters=4', '--log_interval=4', '--eval_interval=4',
+                                           '--lr_decay_iters=0'], capsys)
     lines = [l for l in err.strip().splitlines() if '%' not in l]
     assert code == 3 and len(lines) == 1 and 'gradient norm' in lines[0] and '(inf) at iteration 2' in lines[0], err
     assert [r['iter'] for r in log(out)] == [0] and not os.path.exists(os.path.join(out, 'ckpt.pt'))
