@@ -17,7 +17,7 @@ import torch
 
 from data.tokenizer import get_tokenizer
 from machinery import device
-from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint, loading
+from machinery.checkpoint import CKPT, RUN_DIRS, checkpoint_model, load_checkpoint, loading
 from machinery.cli import UserError, parse_args, read_text, run_cli
 from machinery.fingerprint import OTHER_CODE, code_hash
 from model import GPT, GPTConfig
@@ -52,7 +52,7 @@ def main(argv):
     cfg, _ = parse_args(DEFAULTS, argv, prog='sample.py', doc=__doc__.split('\n\n')[1], notes=[__file__])
     check(cfg)
     checkpoint = load_checkpoint(cfg['out_dir'], "train one first (python train.py config/shakespeare_char.py) or "
-                                                 "point --out_dir at a run's directory.")
+                                                 f"point --out_dir at a run's directory ({RUN_DIRS}).")
     ckpt_path = os.path.join(cfg['out_dir'], CKPT)
     where, dtype = device.use(cfg['device'], cfg['dtype'])  # the dtype is the chosen GPU's, not the current one's
     device_type = where.split(':')[0]

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from activations import make_activations
-from machinery.checkpoint import CKPT, checkpoint_model, load_checkpoint, loading
+from machinery.checkpoint import CKPT, RUN_DIRS, checkpoint_model, load_checkpoint, loading
 from machinery.cli import UserError
 from comparison.plots import figure, palette, save_figure
 from comparison.runs import codes_of, data_now
@@ -121,7 +121,7 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
                 "a run writes it at its first evaluation after a step: wait for that, or use another --out_dir"
                 if os.path.isdir(out_dir) else f"{'a file' if os.path.exists(out_dir) else 'no such folder'}; give the "
                 f"--out_dir of a run")
-        ckpt = load_checkpoint(out_dir, hint + " (a comparison's runs are its OUT/VARIANT/[lrRATE/]seedN).")
+        ckpt = load_checkpoint(out_dir, f"{hint} ({RUN_DIRS}).")
     path = os.path.join(out_dir, CKPT)
     model = checkpoint_model(ckpt, path, lambda args: GPT(GPTConfig(**args))).to(device).eval()
     log, damaged = log or read_log_lines(os.path.join(out_dir, LOG))

@@ -18,6 +18,7 @@ from machinery.fingerprint import OTHER_CODE, code_hash
 
 CKPT = 'ckpt.pt'
 HINT = 'train the run again, or point --out_dir at the right run directory'
+RUN_DIRS = "a comparison's runs are its OUT/VARIANT/[lrRATE/]seedN"  # where a missing checkpoint may be
 
 
 def loading(path, hint=HINT):
