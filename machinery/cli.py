@@ -184,8 +184,11 @@ def parse_args(defaults, argv, types=None, prog='train.py', doc='', notes=()):
             sys.exit(0)
         if not arg.startswith('-'):  # a config file, run as Python: only a file named as one
             if not arg.endswith('.py'):
-                raise UserError(f"cannot read argument '{arg}': a config file is a FILE.py and an override --key=value "
-                                f"(a value with spaces goes in quotes, a list is comma-separated without spaces).")
+                before = argv[argv.index(arg) - 1] if argv.index(arg) else ''  # --ffn polynorm, as argparse takes it
+                meant = f" (did you mean {before}={arg}?)" if before.startswith('--') and '=' not in before else ''
+                raise UserError(f"cannot read argument '{arg}'{meant}: a config file is a FILE.py and an override "
+                                f"--key=value (a value with spaces goes in quotes, a list is comma-separated without "
+                                f"spaces).")
             _run_config_file(arg, config, defaults, types, given)
             continue
         key, equals, text = split_arg(arg)

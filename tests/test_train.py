@@ -411,6 +411,15 @@ def test_configurator_types():
             parse_args(DEFAULTS, [bad], types={'compile': bool})
 
 
+def test_a_value_after_a_space_is_read_as_the_keys_it_was_meant_for():
+    """argparse's habit, --ffn polynorm: the refusal shows the --key=value it meant; a stray word alone is refused
+    with no guess."""
+    with pytest.raises(UserError, match=r"cannot read argument 'polynorm' \(did you mean --ffn=polynorm\?\): a config"):
+        parse_args(DEFAULTS, ['--n_layer=2', '--ffn', 'polynorm'])
+    with pytest.raises(UserError, match=r"cannot read argument 'polynorm': a config"):
+        parse_args(DEFAULTS, ['polynorm', '--ffn=gelu'])
+
+
 def test_help_says_what_each_key_is_by_the_comment_beside_it(capsys):
     """--help reads each key's comment where the key is defined: SETTINGS' over GPTConfig's (vocab_size 0 means the
     dataset's vocabulary to a run), GPTConfig's where SETTINGS has none (poly_order)."""
