@@ -383,6 +383,22 @@ def test_every_formula_passes_gradcheck_as_eager_training_runs_it(name, formula,
     assert torch.autograd.gradcheck(lambda *a: A.keep_inputs(formula, *a), args)
 
 
+@pytest.mark.parametrize("variant", LEARNED)
+def test_every_learned_ffn_passes_gradcheck_in_its_input_and_its_learned_scalars(variant):
+    """From the registry, so that an activation a learner adds is checked whatever its formula is called: the FFN in
+    float64 as an eager step runs it (keep_inputs), in its input x and its activations' own parameters."""
+    torch.manual_seed(0)
+    ffn = FFN(GPTConfig(n_embd=4, ffn_mult=2.0, ffn=variant)).double()
+    with torch.no_grad():  # off the init (MoA's zero gates), so that every parameter matters
+        for p in ffn.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    names = [n for n, _ in ffn.named_parameters() if n.startswith(("act.", "act_up."))]
+    own = tuple(dict(ffn.named_parameters())[n].detach().clone().requires_grad_(True) for n in names)
+    x = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    f = lambda x, *p: torch.func.functional_call(ffn, dict(zip(names, p)), (x,))[0]
+    assert names and torch.autograd.gradcheck(f, (x, *own))
+
+
 def loss_and_grads(variant, compiled):
     """One step of a 1-layer GPT on a CPU: its loss and every parameter's gradient."""
     torch.manual_seed(0)

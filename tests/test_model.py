@@ -150,7 +150,10 @@ def test_activation_parameters_are_the_registrys_extras_and_never_decayed(ffn):
             model = tiny(ffn, n_expert=n_expert, moe_every=2)  # with experts: block 0 an MoE, block 1 dense
         params, acts = dict(model.named_parameters()), model.activation_parameters()
         extras = VARIANTS[ffn].extras(model.config) * model.config.n_layer
-        assert sum(params[name].numel() for name in acts) == model.param_report()["extras"] == extras, (ffn, n_expert)
+        counted = sum(params[name].numel() for name in acts)
+        assert counted == model.param_report()["extras"] == extras, (
+            f"{ffn} (n_expert={n_expert}): its activations hold {counted} parameters, its registry entry's extras say "
+            f"{extras}; make Variant.extras in activations.py count them per layer")
         assert all(".ffn.act." in name or ".ffn.act_up." in name for name in acts)
         opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
         groups = {g["weight_decay"]: g["params"] for g in opt.param_groups}
