@@ -36,16 +36,21 @@ def setup(name, dtype):
     if int(os.environ.get('RANK', -1)) == -1:  # not launched by torchrun
         return Compute(*device.use(name, dtype))
     rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
-    resolved = device.resolve_device(name)  # a name this machine has no device of is refused first
+    # off CUDA the group is gloo, which takes CPU tensors only (DDP's first collective fails on MPS ones): auto is the
+    # CPU on a Mac here, as bench.py's is
+    resolved = device.resolve_device(name, mps=False)  # a name this machine has no device of is refused first
     if name.startswith('cuda:'):
         raise UserError(f"--device={name} under torchrun: each process takes the GPU of its LOCAL_RANK; pass "
                         f"--device=cuda, and choose the GPUs with CUDA_VISIBLE_DEVICES.")
+    if resolved == 'mps':
+        raise UserError("--device=mps under torchrun: DDP's gloo backend cannot reduce MPS tensors; pass --device=cpu, "
+                        "or train on MPS in one process (python train.py).")
     if resolved.startswith('cuda'):
         if local_rank >= (n := torch.cuda.device_count()):
             raise UserError(f"torchrun started more processes on this machine than its {n} CUDA GPU(s) (LOCAL_RANK "
                             f"{local_rank}); pass --nproc_per_node={n} or less.")
         name = f'cuda:{local_rank}'
-    name, dtype = device.use(name, dtype)
+    name, dtype = device.use(name, dtype, mps=False)
     # device_id binds the group to this rank's GPU at once (NCCL then need not guess it)
     dist.init_process_group(backend='nccl' if name.startswith('cuda') else 'gloo',
                             device_id=torch.device(name) if name.startswith('cuda') else None)

@@ -80,6 +80,23 @@ def test_under_torchrun_each_rank_takes_its_local_gpu_and_joins_nccl(fake_gpu, m
     assert len(joined) == 1
 
 
+def test_under_torchrun_on_a_mac_auto_is_the_cpu_and_mps_is_refused(monkeypatch):
+    """DDP off CUDA reduces over gloo, which takes CPU tensors only: on MPS tensors DDP's first collective fails with
+    a traceback ("ProcessGroupGloo::allgather: invalid tensor type"). Alone, a process on a Mac still takes MPS."""
+    monkeypatch.setattr(torch.backends.mps, 'is_available', lambda: True)
+    joined = []
+    monkeypatch.setattr(dist, 'init_process_group', lambda **kw: joined.append(kw))
+    assert distributed.setup('auto', 'auto') == Compute('mps', 'float32')
+    for key, value in dict(RANK=1, LOCAL_RANK=1, WORLD_SIZE=2).items():
+        monkeypatch.setenv(key, str(value))
+    assert distributed.setup('auto', 'auto') == Compute('cpu', 'float32', ddp=True, rank=1, local_rank=1,
+                                                        world_size=2)
+    assert joined == [dict(backend='gloo', device_id=None)]
+    with pytest.raises(UserError, match=r"^--device=mps under torchrun: DDP's gloo backend cannot reduce MPS tensors"):
+        distributed.setup('mps', 'auto')
+    assert len(joined) == 1
+
+
 @pytest.mark.parametrize('name, capability, auto', [
     ('Tesla V100-SXM2-32GB', (7, 0), 'float16'), ('Tesla T4', (7, 5), 'float16'),
     ('NVIDIA A100-SXM4-80GB', (8, 0), 'bfloat16'), ('NVIDIA GeForce RTX 3090', (8, 6), 'bfloat16'),
