@@ -55,7 +55,7 @@ SETTINGS = dict(
     # system
     device=Key('auto', 'id shown'),  # 'auto' (cuda, then mps, then cpu) | 'cpu' | 'cuda' | 'cuda:N' | 'mps'
     dtype=Key('auto', 'id tune shown'),  # auto: bfloat16 at compute capability 8.0+, float16 below, float32 off CUDA
-    compile=Key(None, type=bool),  # auto (None): on for CUDA, off elsewhere (--compile=True compiles on a CPU too)
+    compile=Key(None, type=bool),  # auto (None): on for CUDA of capability 7.0+ (Triton's), else off (True: a CPU too)
     compile_mode=Key('regional'),  # 'regional' (each Block compiled; one graph serves every layer) | 'whole' (the GPT)
     peak_flops=Key(0.0),  # FLOP/s for MFU; 0 = the GPU's dense peak in the dtype by name (speed.PEAK_FLOPS), else null
     threads=Key(0),  # torch's CPU threads; 0 = OMP_NUM_THREADS where set, else half the cores (device.set_threads)

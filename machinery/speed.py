@@ -39,9 +39,11 @@ def peak_flops(device_type, dtype, override):
 
 
 def compile_default(device_type):
-    """--compile=auto: on for CUDA, where fused kernels pay for the compile within the first steps of a real run;
-    off elsewhere (a CPU run finishes sooner eager unless it is long, and MPS support in Inductor is young)."""
-    return device_type == 'cuda'
+    """--compile=auto: on for CUDA, where fused kernels pay for the compile within the first steps of a real run, on a
+    GPU Triton compiles for (the current one; compute capability 7.0 and newer: on an older one, a P100 or GTX 10xx,
+    Inductor stops the first step with GPUTooOldForTriton); off elsewhere (a CPU run finishes sooner eager unless it
+    is long, and MPS support in Inductor is young)."""
+    return device_type == 'cuda' and torch.cuda.get_device_capability() >= (7, 0)
 
 
 def compile_cache_dir():

@@ -161,8 +161,9 @@ def test_step_time_leaves_compiling_out(cache_runs):
     assert printed['fx_cache_miss'] > 0 and train_time < 1.0, train_time
 
 
-def test_compile_default_is_on_for_cuda_only(shakespeare_char_dir, tmp_path):
+def test_compile_default_is_on_for_cuda_only(shakespeare_char_dir, tmp_path, fake_gpu):
     from machinery import speed
+    fake_gpu()  # an H100: the default asks the GPU's compute capability (Triton's floor, 7.0: tests/test_fake_gpu.py)
     assert speed.compile_default('cuda') is True
     assert speed.compile_default('cpu') is False and speed.compile_default('mps') is False
     p = train(shakespeare_char_dir, str(tmp_path / 'run'), '--compile=auto', '--max_iters=2', '--eval_interval=2')

@@ -116,6 +116,18 @@ def test_dtype_auto_is_what_the_gpu_runs_natively(fake_gpu, name, capability, au
         assert distributed.setup('cuda', 'bfloat16').dtype == 'bfloat16'
 
 
+@pytest.mark.parametrize('name, capability, compiled', [
+    ('Tesla P100-PCIE-16GB', (6, 0), False), ('NVIDIA GeForce GTX 1080 Ti', (6, 1), False),
+    ('Tesla V100-SXM2-32GB', (7, 0), True), ('Tesla T4', (7, 5), True), ('NVIDIA H100 80GB HBM3', (9, 0), True)])
+def test_compile_auto_is_off_on_a_gpu_triton_cannot_compile_for(fake_gpu, name, capability, compiled):
+    """Triton compiles for compute capability 7.0 and newer (torch.utils._triton.has_triton): on a P100 or a GTX 10xx,
+    which torch's CUDA 12.6 builds still run, a compiled run stops at its first step with Inductor's
+    GPUTooOldForTriton. --compile=auto trains those eager; the capability asked is the run's own GPU's."""
+    fake_gpu(n=2, name=name, capability=[(9, 0), capability])
+    distributed.setup('cuda:1', 'float32')
+    assert speed.compile_default('cuda') is compiled
+
+
 @pytest.mark.parametrize('name', ['cuda:²', 'cuda:０', 'cuda:١', 'cuda:', 'cuda:-1', 'cuda:0x1'])
 def test_a_gpu_index_of_other_than_ascii_digits_is_refused_in_a_sentence(fake_gpu, capsys, name):
     """'²' and '０' pass str.isdigit(); int('²') raises and torch.device refuses 'cuda:０' later, with tracebacks."""
