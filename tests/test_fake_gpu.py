@@ -177,6 +177,15 @@ def test_cpu_threads_are_half_the_cores_unless_told(monkeypatch):
         torch.set_num_threads(threads)
 
 
+def test_cores_are_the_machines_where_there_is_no_affinity_as_on_macos(monkeypatch):
+    """macOS has no os.sched_getaffinity: the cores are os.cpu_count()'s, or 1 where it cannot tell."""
+    monkeypatch.delattr(os, 'sched_getaffinity', raising=False)
+    monkeypatch.setattr(os, 'cpu_count', lambda: 10)
+    assert device.usable_cores() == 10
+    monkeypatch.setattr(os, 'cpu_count', lambda: None)
+    assert device.usable_cores() == 1
+
+
 @pytest.mark.parametrize('name, bf16, tf32', [
     ('NVIDIA H100 80GB HBM3', 989e12, 494.5e12),  # SXM
     ('NVIDIA H100 PCIe', 756e12, 378e12),

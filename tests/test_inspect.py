@@ -26,6 +26,7 @@ from comparison.acts import inspect
 import train
 from data.loader import DataLoader
 from machinery.cli import run_cli
+from machinery.device import usable_cores
 from comparison.runs import to_argv
 from model import GPT, GPTConfig
 
@@ -165,7 +166,7 @@ def test_inspect_takes_its_cpu_threads_as_every_command_does(shakespeare_char_di
     run, threads = untrained_run(str(tmp_path / 'run'), shakespeare_char_dir, ffn='polynorm'), torch.get_num_threads()
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
     try:
-        for given, chosen in (('--threads=1', 1), ('--threads=0', max(1, len(os.sched_getaffinity(0)) // 2))):
+        for given, chosen in (('--threads=1', 1), ('--threads=0', max(1, usable_cores() // 2))):
             torch.set_num_threads(3)
             run_cli(inspect_run.main, [f'--out_dir={run}', given])
             assert torch.get_num_threads() == chosen
