@@ -276,11 +276,11 @@ def window_losses(window, hw):
 
 def log_record(r, steps, dt, lr):
     """A log line's record from the window's per-step losses and gradient norms (a non-finite one stops the run)."""
-    check_finite_steps(steps[:, :2], r.iter_num, 'the training loss', r.kept())
-    if r.cfg['grad_clip'] > 0 and not r.scaler.is_enabled():  # float16's scaler skips a step of a non-finite norm
-        # without it, clipping by an infinite norm zeroes the update (a silent no-op), by a NaN one makes it NaN
-        check_finite_steps(steps[:, 4:], r.iter_num, 'the gradient norm, by which clipping scales the update,',
-                           r.kept())
+    # and the gradient norms where no scaler skips a step of a bad one (float16's does): clipping by an infinite norm
+    # zeroes the update (a silent no-op), or makes an infinite gradient NaN; the earliest bad step is named
+    norms = r.cfg['grad_clip'] > 0 and not r.scaler.is_enabled()
+    check_finite_steps(steps[:, [0, 1, 4] if norms else [0, 1]], r.iter_num, ['the training loss'] * 2
+                       + ['the gradient norm, by which clipping scales the update,'], r.kept())
     total, ce, aux, z, norm = steps[-1].tolist()
     record = {'iter': r.iter_num, 'tokens': r.tokens, 'lr': lr, 'loss': ce, 'ms': dt * 1000.0,
               'tok_s': r.tokens_per_iter / dt, 'batch_hash': r.loader.batch_hash,

@@ -112,12 +112,14 @@ class Diverged(RunStopped):
     out_dir/diverged.txt."""
 
 
-def check_finite_steps(values, iter_num, what, kept):
+def check_finite_steps(values, iter_num, names, kept):
     """Diverged naming the first of a log window's steps (rows of values, the last completing iter_num) with a value
-    that was not finite; what: the first column, in words; kept: what became of the checkpoint and what to do."""
-    if len(bad := (~torch.isfinite(values)).any(1).nonzero()):
-        k = iter_num - len(values) + int(bad[0]) + 1  # the iteration that step completed, as in the log
-        raise Diverged(f"{what} became non-finite ({values[int(bad[0]), 0].item()}) at iteration {k}, so the run "
+    that was not finite, and that value (names: each column's, in words); kept: what became of the checkpoint and what
+    to do."""
+    if len(bad := (~torch.isfinite(values)).nonzero()):
+        row, col = bad[0].tolist()  # row by row: the earliest step, then its first bad column
+        k = iter_num - len(values) + row + 1  # the iteration that step completed, as in the log
+        raise Diverged(f"{names[col]} became non-finite ({values[row, col].item()}) at iteration {k}, so the run "
                        f"stopped and {kept}.")
 
 

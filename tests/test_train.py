@@ -362,6 +362,28 @@ def test_a_non_finite_gradient_norm_inside_a_log_window_stops_the_run(shakespear
     assert [r['iter'] for r in log(out)] == [0] and not os.path.exists(os.path.join(out, 'ckpt.pt'))
 
 
+def test_an_infinite_gradient_is_named_at_its_step_not_the_nan_loss_it_causes(shakespeare_char_dir, tmp_path,
+                                                                            monkeypatch, capsys):
+    """Iteration 2's gradient holds an inf (its loss finite): clipping multiplies it by 0, NaN, so iteration 3's loss
+    is NaN in the same log window. The run names where it began, iteration 2's gradient norm."""
+    step = train_py.step
+
+    def inf_grad_at_2(r, lr):
+        if r.iter_num + 1 != 2:
+            return step(r, lr)
+        hook = next(r.raw_model.parameters()).register_hook(lambda g: g.index_fill(0, torch.tensor(0), float('inf')))
+        try:
+            return step(r, lr)
+        finally:
+            hook.remove()
+    monkeypatch.setattr(train_py, 'step', inf_grad_at_2)
+    code, err = in_process(train_py.main, [*TINY, f'--data_dir={shakespeare_char_dir}', f'--out_dir={tmp_path}',
+                                           '--max_iters=4', '--log_interval=4', '--eval_interval=4',
+                                           '--lr_decay_iters=0'], capsys)
+    assert code == 3 and 'the gradient norm, by which clipping scales the update, became non-finite (inf) at ' \
+        'iteration 2' in err, err
+
+
 def test_a_model_non_finite_before_any_step_stops_at_iteration_0_and_blames_its_formula(shakespeare_char_dir, tmp_path,
                                                                                       monkeypatch, capsys):
     """A formula edit that gives NaN at init: the run stops before training, says so, and logs no NaN line (which
