@@ -75,7 +75,7 @@ def test_user_mistakes_are_one_sentence_errors(tmp_path):
                         (["--n_expert=2", "--expert_hidden=8"], "no dense twin of its active weights"),
                         ([f"--json={tmp_path}"], "is a folder")]:  # before the work
         with pytest.raises(UserError, match=words):
-            bench.main(TINY + ["--repeats=1", "--json="] + args)
+            bench.main(TINY + ["--repeats=1"] + args)
     with pytest.raises(UserError, match="unknown ffn"):  # a mistake leaves no folder for the report behind
         bench.main(TINY + ["--variants=nope", f"--json={tmp_path / 'new' / 'bench.json'}"])
     assert not (tmp_path / "new").exists()
