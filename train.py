@@ -276,8 +276,8 @@ def window_losses(window, hw):
 
 def log_record(r, steps, dt, lr):
     """A log line's record from the window's per-step losses and gradient norms (a non-finite one stops the run)."""
-    # and the gradient norms where no scaler skips a step of a bad one (float16's does): clipping by an infinite norm
-    # zeroes the update (a silent no-op), or makes an infinite gradient NaN; the earliest bad step is named
+    # the losses, and the gradient norms where no scaler skips the step of a bad one (float16's does): clipping by an
+    # infinite norm zeroes the update (a silent no-op), or turns an infinite gradient to NaN
     norms = r.cfg['grad_clip'] > 0 and not r.scaler.is_enabled()
     check_finite_steps(steps[:, [0, 1, 4] if norms else [0, 1]], r.iter_num, ['the training loss'] * 2
                        + ['the gradient norm, by which clipping scales the update,'], r.kept())
