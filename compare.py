@@ -487,9 +487,10 @@ def run_size(cfg, runs):
     return max(sizes)
 
 
-def train_missing(cfg, comp, runs):
+def train_missing(cfg, comp, runs, why=''):
     """Reuse the finished runs and train the others, N at a time; returns every run as it is now. --plan prints the
-    commands of the runs to do instead (and returns None); --report refuses to go on without them."""
+    commands of the runs to do instead (and returns None); --report refuses to go on without them. why: what a round
+    after the first is for, in words."""
     todo = to_do(cfg, runs)
     if cfg['plan']:
         if not todo:  # nothing to do at this step: the next one may have some
@@ -507,7 +508,7 @@ def train_missing(cfg, comp, runs):
     per = sorted({len({r.lr for r in runs if r.variant == v}) for v in {r.variant for r in runs}})  # rates per variant
     rates = f" x {per[0]}{'' if len(per) == 1 else f'-{per[-1]}'} rates" if per[-1] > 1 else ''
     n_variants = len({r.variant for r in runs})
-    print(f"compare: {n_variants} variants x {len(comp['seeds'])} seed(s){rates}"
+    print(f"compare: {why}{n_variants} variant(s) x {len(comp['seeds'])} seed(s){rates}"
           + f" = {len(runs)} runs into {cfg['out_dir']} ({len(runs) - len(todo)} to reuse, {len(todo)} to train"
           + (f", {at_once}" if todo else '') + ')', file=sys.stderr)
     pbar = progress_bar(len(runs), 'runs', unit='run')
@@ -546,11 +547,12 @@ def run_comparison(cfg, comp, runs):
     for _ in range(2 * MAX_EXTEND if cfg['lr_extend'] and comp['grid'] else 0):  # each edge at most MAX_EXTEND steps
         if not (more := beyond_edges(cfg, comp, runs)):
             break
-        if (more := train_missing(cfg, comp, more)) is None:
+        if (more := train_missing(cfg, comp, more, "the next rate beyond a best rate at the grid's edge: ")) is None:
             return None
         runs += more
     fresh = [scan(s) for s in verdict_specs(cfg, comp, best_rates(runs))] if comp['grid'] else []
-    if fresh and (fresh := train_missing(cfg, comp, fresh)) is None:
+    verdict = "the verdict, each variant at its chosen rate on fresh seeds: "
+    if fresh and (fresh := train_missing(cfg, comp, fresh, verdict)) is None:
         return None
     if cfg['plan']:
         return placement.print_plan([], len(runs) + len(fresh), cfg['threads'], plan_rounds(cfg, comp))

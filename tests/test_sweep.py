@@ -204,7 +204,8 @@ def test_a_tiny_sweep_end_to_end_reused_and_planned(shakespeare_char_dir, tmp_pa
     code, err = call(compare.main, argv, capsys)
     monkeypatch.setattr(builtins, 'open', real_open)
     assert code == 0 and 'x 3 rates = 12 runs' in err and '(12 to reuse, 0 to train)' in err
-    assert '= 4 runs' in err and '(4 to reuse, 0 to train)' in err
+    assert 'the verdict, each variant at its chosen rate on fresh seeds: 2 variant(s) x 2 seed(s) = 4 runs' in err
+    assert '(4 to reuse, 0 to train)' in err
     assert sum(p.endswith('log.jsonl') for p in opened) == sum(p.endswith('ckpt.pt') for p in opened) == 16
     assert set(opened.values()) == {1}, opened
     compare.main(argv)  # the table says what its loss is: not the runs' own last lines, scored on every window
