@@ -70,8 +70,9 @@ def coerce(key, value, want, default, where):
     if want is str and isinstance(value, str):  # a path's ~ too (a folder's, bench.py's report's): no shell expands
         return os.path.expanduser(value) if key.endswith('_dir') or key == 'json' else value  # one after --key=
     shown = value if isinstance(value, str) else f'a {type(value).__name__}' if callable(value) else repr(value)
-    raise UserError(f"{where}{key} expects {_TYPE_NAMES.get(want, want.__name__)} (default "
-                    f"{'auto' if default is None else repr(default)}), got '{shown}'.")
+    # no default named: a config file's value is often another (config/shakespeare_char.py: max_iters 2000, not 5000)
+    raise UserError(f"{where}{key} expects {_TYPE_NAMES.get(want, want.__name__)}{' or auto' * (default is None)}, "
+                    f"got '{shown}'.")
 
 
 def _unknown_key(key, valid, where):

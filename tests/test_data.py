@@ -685,7 +685,7 @@ def scripts(monkeypatch):
 
 
 @pytest.mark.parametrize("name, args, words", [
-    ("openwebtext", ["--num_subsets=two"], "--num_subsets expects an int (default 0), got 'two'"),
+    ("openwebtext", ["--num_subsets=two"], "--num_subsets expects an int, got 'two'"),
     ("openwebtext", ["--val_fraction=abc"], "--val_fraction expects a float"),
     ("openwebtext", ["--keep_archives=maybe"], "--keep_archives expects a bool"),
     ("openwebtext", ["--subsets=0-2", "--num_subsets=3"], "either --subsets or --num_subsets"),

@@ -433,6 +433,14 @@ def test_configurator_types():
             parse_args(DEFAULTS, [bad], types={'compile': bool})
 
 
+def test_a_value_of_the_wrong_type_is_told_its_type_not_a_default_its_config_file_changed():
+    with pytest.raises(UserError, match=r"^--max_iters expects an int, got 'abc'\.$"):  # the config's is 2000
+        parse_args(configurator.DEFAULTS, [os.path.join(ROOT, 'config', 'shakespeare_char.py'), '--max_iters=abc'],
+                   types=configurator.TYPES)
+    with pytest.raises(UserError, match=r"^--compile expects a bool \(True/False\) or auto, got 'maybe'\.$"):
+        parse_args(configurator.DEFAULTS, ['--compile=maybe'], types=configurator.TYPES)
+
+
 def test_a_value_after_a_space_is_read_as_the_keys_it_was_meant_for():
     """argparse's habit, --ffn polynorm: the refusal shows the --key=value it meant; a stray word alone is refused
     with no guess."""
