@@ -1,7 +1,7 @@
 """Prepares your own text: any .txt files or folders of them, as GPT-2 BPE or character tokens.
 
     python data/text/prepare.py --input=notes.txt,books/ [--tokenizer=gpt2|char] [--name=text]
-    python train.py --dataset=text ...
+    python train.py config/shakespeare_char.py --dataset=text --out_dir=out-text   # a laptop-sized model
 
 Each file is a document, in the order of their real paths (links resolved); validation is the last --val_fraction of
 the token stream, so the held-out text is that of the files whose paths sort last.
