@@ -218,7 +218,7 @@ def write_markdown(path, lad):
               f"{BOOTSTRAP_MIN_SEEDS}+ seeds: summary.json adds a bootstrap CI.", '',
               head + ' trend: slope per ln N [95% CI] |', rule + ':---|']
     gap = lambda g: '–' if g is None else fmt(g['mean'], '+.4f', ci=g.get('ci')) + ('' if g.get('ci') else ' (no CI)')
-    trend = lambda t: '– (needs 2 sizes, 3 gaps)' if t is None else (
+    trend = lambda t: '– (needs 2+ sizes and 3+ gaps in all, e.g. 2 sizes x 2 seeds)' if t is None else (
         f"**{t['verdict']}**: " + fmt(t['slope_per_ln_n'], '+.4f', ci=t['ci']))
     lines += [f"| {v} | " + ' | '.join(gap(p['gap']) for p in lv['points']) + f" | {trend(lv['trend'])} |"
               for v, lv in lad['variants'].items() if v != base]
