@@ -18,7 +18,8 @@ from machinery.fingerprint import OTHER_CODE, code_hash
 
 CKPT = 'ckpt.pt'
 HINT = 'train the run again, or point --out_dir at the right run directory'
-RUN_DIRS = "a comparison's runs are its OUT/VARIANT/[lrRATE/]seedN"  # where a missing checkpoint may be
+# where a missing checkpoint may be
+RUN_DIRS = "a comparison's runs are its OUT/[SIZE/]VARIANT/[lrRATE/]seedN, SIZE a ladder's"
 
 
 def loading(path, hint=HINT):

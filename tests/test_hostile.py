@@ -190,7 +190,7 @@ CASES = [
     ('resume from a torch file that is not a checkpoint', train, foreign_checkpoint, 2, ['ckpt.pt']),
     ('sample a nanoGPT checkpoint', sample, nanogpt_checkpoint, 2, ['ckpt.pt']),
     ('sample without checkpoint', sample, lambda w, tmp: [f'--out_dir={tmp}'], 2,
-     ['ckpt.pt', 'train', "a comparison's runs are its OUT/VARIANT/[lrRATE/]seedN"]),
+     ['ckpt.pt', 'train', "a comparison's runs are its OUT/[SIZE/]VARIANT/[lrRATE/]seedN, SIZE a ladder's"]),
     ('resume from a non-finite checkpoint', train, nonfinite_checkpoint(True), 2, ['non-finite weights']),
     ('sample a non-finite checkpoint', sample, nonfinite_checkpoint(False), 2, ['non-finite weights']),
     # a run that must stop

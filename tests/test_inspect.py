@@ -343,7 +343,7 @@ def test_missing_checkpoint_is_one_line(tmp_path, capsys, folder):
             'empty': 'wait for that, or use another --out_dir',
             'diverged': 'the run diverged before its first (diverged.txt says why), so it has nothing to inspect',
             }[folder]
-    assert f"{hint} (a comparison's runs are its OUT/VARIANT/[lrRATE/]seedN)." in err[0]
+    assert f"{hint} (a comparison's runs are its OUT/[SIZE/]VARIANT/[lrRATE/]seedN, SIZE a ladder's)." in err[0]
 
 
 def test_a_run_on_data_prepared_again_since_is_refused_in_one_sentence(shakespeare_char_dir, tmp_path, capsys):
