@@ -243,7 +243,7 @@ def step(r, lr):
     (no sync)."""
     for group in r.optimizer.param_groups:
         group['lr'] = lr
-    losses = torch.zeros(4, device=r.hw.device)
+    losses = torch.zeros(5, device=r.hw.device)  # and the gradient norm last: 0 where unclipped
     for micro_step in range(r.accumulation):
         X, Y = (t.pin_memory().to(r.hw.device, non_blocking=True) if r.hw.device_type == 'cuda' else t.to(r.hw.device)
                 for t in r.loader.next_batch())
@@ -251,17 +251,16 @@ def step(r, lr):
             r.model.require_backward_grad_sync = micro_step == r.accumulation - 1
         with r.autocast:
             _, loss, terms = r.model(X, Y)
-        losses += torch.stack([loss.detach().float(), terms['ce'], terms['aux'], terms['z']]) / r.accumulation
+        losses[:4] += torch.stack([loss.detach().float(), terms['ce'], terms['aux'], terms['z']]) / r.accumulation
         r.scaler.scale(loss / r.accumulation).backward()
-    grad_norm = torch.zeros((), device=r.hw.device)
     if r.cfg['grad_clip'] > 0:
         r.scaler.unscale_(r.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(r.model.parameters(), r.cfg['grad_clip'])
+        losses[4] = torch.nn.utils.clip_grad_norm_(r.model.parameters(), r.cfg['grad_clip'])
     r.scaler.step(r.optimizer)
     r.scaler.update()
     r.optimizer.zero_grad(set_to_none=True)
     r.iter_num, r.tokens = r.iter_num + 1, r.tokens + r.tokens_per_iter
-    return torch.cat([losses, grad_norm.float()[None]])
+    return losses
 
 
 def window_losses(window, hw):
