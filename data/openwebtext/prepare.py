@@ -92,8 +92,6 @@ def parse_subsets(subsets, num_subsets):
             raise UserError(f"there is no subset {hi}: {REPO_ID} has subsets 0-{N_SUBSETS - 1} "
                             f"(urlsf_subset00.tar ... urlsf_subset{N_SUBSETS - 1}.tar).")
         chosen += range(lo, hi + 1)
-    if not chosen:
-        raise UserError(f"no subset chosen in {subsets!r}; e.g. --subsets=0-2.")
     return list(dict.fromkeys(chosen))  # in the order given, without repeats
 
 
