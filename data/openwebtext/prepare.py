@@ -255,7 +255,6 @@ def prepare(subsets="", num_subsets=0, out_dir=HERE, cache_dir="", shard_tokens=
         raise UserError(f"--num_threads must be at least 0 (0: one per core), not {num_threads}.")
     check_out_dir(out_dir, shard_tokens)
     check_alone(out_dir, "openwebtext", r"(train|val)_s\d\d_\d{3,}\.bin")
-    cache_dir = cache_dir or os.path.join(out_dir, "cache")
     todo = [subset for subset in chosen if not is_done(out_dir, subset, shard_tokens, val_fraction)]
     for subset in chosen:
         if subset not in todo:
@@ -266,7 +265,7 @@ def prepare(subsets="", num_subsets=0, out_dir=HERE, cache_dir="", shard_tokens=
         raise UserError(f"there is no {missing[0]}; put the subset archives in --archive_dir or leave it out to "
                         f"download them.")
     for subset in todo:
-        archive = local(subset) if archive_dir else download(subset, cache_dir)
+        archive = local(subset) if archive_dir else download(subset, cache_dir or os.path.join(out_dir, "cache"))
         record = prepare_subset(subset, archive, out_dir, shard_tokens, val_fraction, num_threads)
         write_meta(out_dir)
         print(f"subset {subset:02d}: {record['documents']:,} documents, {record['train_tokens']:,} train + "
