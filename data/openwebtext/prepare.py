@@ -185,7 +185,7 @@ class ShardWriter:
         return self.names
 
 
-def is_done(out_dir, subset, shard_tokens=SHARD_TOKENS, val_fraction=VAL_FRACTION):
+def is_done(out_dir, subset, shard_tokens, val_fraction):
     """A subset is done when its record exists, was made with the same settings, and every shard it lists is whole."""
     info = read_json(os.path.join(out_dir, f"done_s{subset:02d}.json"))
     try:
