@@ -56,7 +56,7 @@ def check_alone(dataset_dir, dataset, own):
                         f"folder of its own (--out_dir).")
 
 
-def check_replaceable(dataset_dir, hint):
+def check_replaceable(dataset_dir):
     """A UserError unless every file a preparation of dataset_dir would replace (shards, meta.json) is one a
     preparation wrote: there is a meta.json that counts its tokens (every prepare.py's does), in place or staged (a
     swap under way, or one a kill cut short)."""
@@ -67,7 +67,7 @@ def check_replaceable(dataset_dir, hint):
     if names:
         raise UserError(f"{dataset_dir} holds {', '.join(names[:3])}{', ...' if len(names) > 3 else ''} but no "
                         f"meta.json of a prepared dataset, so preparing there would replace them; move them away, or "
-                        f"{hint}.")
+                        f"choose another folder.")
 
 
 def write_dataset(dataset_dir, train, val, meta, shard_tokens=SHARD_TOKENS):
@@ -77,7 +77,7 @@ def write_dataset(dataset_dir, train, val, meta, shard_tokens=SHARD_TOKENS):
     (a second waits, then replaces the first's), never over files that none wrote: all along, the folder holds a
     meta.json or a staged one (check_replaceable)."""
     check_out_dir(dataset_dir, shard_tokens)
-    check_replaceable(dataset_dir, "choose another folder")
+    check_replaceable(dataset_dir)
     if foreign := [n for n in shard_names(dataset_dir) if not re.fullmatch(r"(train|val)_(\d{3}|[1-9]\d{3,})\.bin", n)]:
         raise UserError(f"{dataset_dir} holds {', '.join(foreign[:2])}{', ...' * (len(foreign) > 2)}, shards of "
                         f"another preparation (a download's), which this one would delete; choose another folder.")
