@@ -47,8 +47,7 @@ def check_alone(dataset_dir, dataset, own):
     every shard of its folder): a meta.json of another dataset, or shards whose names the regex `own` does not match
     (for a preparation that adds its shards beside those it wrote earlier)."""
     other = (read_json(os.path.join(dataset_dir, "meta.json")) or {}).get("dataset", dataset)
-    names = shard_names(dataset_dir)
-    foreign = [n for n in names if not re.fullmatch(own, n)]
+    foreign = [n for n in shard_names(dataset_dir) if not re.fullmatch(own, n)]
     if other != dataset or foreign:
         held = (f"the dataset {other}, whose shards" if other != dataset else
                 ", ".join(foreign[:3]) + (", ..." if foreign[3:] else "") + ", shards that")
