@@ -87,7 +87,7 @@ def prepare(shards=DEFAULTS["shards"], out_dir=HERE, cache_dir=""):
 
 def main(argv):
     cfg, _ = parse_args(DEFAULTS, argv, prog="data/fineweb10B/prepare.py", doc=__doc__, notes=[__file__])
-    meta = prepare(cfg["shards"], cfg["out_dir"], cfg["cache_dir"])
+    meta = prepare(**cfg)
     print(f"fineweb10B: {meta['train_shards']} train shards, {meta['train_tokens']:,} train + {meta['val_tokens']:,} "
           f"val tokens in {cfg['out_dir']}")
 

@@ -90,8 +90,7 @@ def prepare(inputs, tokenizer="gpt2", out_dir="", name="text", val_fraction=0.1,
 def main(argv):
     cfg, _ = parse_args(DEFAULTS, argv, prog="data/text/prepare.py", doc=__doc__, notes=[__file__])
     t0 = time.time()
-    meta = prepare(cfg["input"], cfg["tokenizer"], cfg["out_dir"], cfg["name"], cfg["val_fraction"],
-                   cfg["shard_tokens"])
+    meta = prepare(cfg.pop("input"), **cfg)  # --input is prepare's inputs; every other key its own
     print(f"{meta['dataset']}: {meta['files']} files, {meta['train_tokens']:,} train + {meta['val_tokens']:,} val "
           f"{cfg['tokenizer']} tokens, written in {time.time() - t0:.1f}s")
 
