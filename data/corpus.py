@@ -13,9 +13,9 @@ CORPUS_SHA256 = "127def5f65170e14cc06e3899fcec39c223fd81b281537a0a8a168e85397279
 VAL_WORKS = "val = the last four works, from THE HISTORY OF TROILUS AND CRESSIDA on"  # meta.json's "split"
 
 
-def read_shakespeare(path=CORPUS):
+def read_shakespeare():
     """The corpus as one string, after checking the compressed file's hash."""
-    return gzip.decompress(read_vendored(path, CORPUS_SHA256, "the bundled corpus")).decode("ascii")
+    return gzip.decompress(read_vendored(CORPUS, CORPUS_SHA256, "the bundled corpus")).decode("ascii")
 
 
 def work_starts(text):
