@@ -76,10 +76,20 @@ def saved_bytes_for_backward(fn, *args):
     return sum(storages.values()), out
 
 
+def bare_variants(text, key):
+    """The variants named in a comma-separated setting, each by its bare name: bench measures every variant at the one
+    set of model settings given (--moa_gate=softmax), not a comparison's variant with settings of its own."""
+    labels = check_variants(text)
+    if own := [v for v in labels if v not in VARIANTS]:
+        raise UserError(f"--{key}: bench.py measures every variant at the same model settings; name "
+                        f"{own[0].partition(':')[0]} alone and give its settings as --key=value, not '{own[0]}'.")
+    return labels
+
+
 def setup(cfg):
     """Check the settings and make the process-wide ones every measurement runs under; return (variants and their
     baselines in registry order, compile modes, device, dtype)."""
-    asked = list(VARIANTS) if cfg["variants"] == "all" else check_variants(cfg["variants"])
+    asked = list(VARIANTS) if cfg["variants"] == "all" else bare_variants(cfg["variants"], "variants")
     wanted = set(asked) | {baseline_of(v) for v in asked}
     variants = [v for v in VARIANTS if v in wanted]
     modes = {"true": [True], "false": [False], "both": [False, True]}.get(str(cfg["compile"]).lower())
@@ -92,8 +102,8 @@ def setup(cfg):
     for key in ("repeats", "profile_steps", "warmup", "vocab_size"):
         if cfg[key] < 1:
             raise UserError(f"--{key} must be at least 1, got {cfg[key]}.")
-    if cfg["profile"]:
-        check_variants(cfg["profile"])
+    if cfg["profile"] and len(bare_variants(cfg["profile"], "profile")) > 1:
+        raise UserError(f"--profile takes one variant, got '{cfg['profile']}'.")
     if cfg["n_expert"] and cfg["expert_hidden"]:  # the ratio to the twin would compare other FFN widths
         raise UserError("--expert_hidden sets the experts' width apart from the dense model's, so an MoE has no dense "
                         "twin of its active weights to be measured against; leave it at 0 (the dense width / top_k), "

@@ -68,6 +68,9 @@ def test_ratios_are_against_the_baseline_of_the_same_run(report):
 def test_user_mistakes_are_one_sentence_errors(tmp_path):
     for args, words in [(["--variants=gelu,nope"], "unknown ffn"), (["--compile=maybe"], "--compile"),
                         (["--n_head=3"], "divisible"), (["--profile=nope"], "unknown ffn"),
+                        (["--variants=moa:moa_gate=softmax"], "name moa alone and give its settings as --key=value"),
+                        (["--profile=la:act_dict=gelu+relu"], "name la alone"),
+                        (["--profile=gelu,polynorm"], "--profile takes one variant"),
                         (["--vocab_size=0"], "--vocab_size must be at least 1"),
                         (["--threads=-1"], "--threads must not be negative"),
                         (["--peak_flops=-1"], "--peak_flops must be a finite number >= 0"),
