@@ -143,11 +143,12 @@ class DataLoader:
             raise DatasetNotPrepared(f"dataset {dataset} is not prepared in {self.dir}; run `{command}` first"
                                      + (f" (or did you mean --dataset={close[0]}?)." if close else "."))
         self.meta = read_json(meta_path) or {}  # checked: a positive int vocab_size sizes the model
-        if type(self.meta.get("vocab_size")) is not int or self.vocab_size < 1:
+        vocab_size = self.meta.get("vocab_size")
+        if type(vocab_size) is not int or vocab_size < 1:
             raise UserError(f"{meta_path} is damaged (it must be a JSON object with an integer vocab_size); delete it "
                             f"and the shards beside it, then prepare the dataset again.")
-        self.train = _Split(train_paths, block_size + 1, self.vocab_size)
-        self.val = _Split(val_paths, block_size + 1, self.vocab_size)
+        self.train = _Split(train_paths, block_size + 1, vocab_size)
+        self.val = _Split(val_paths, block_size + 1, vocab_size)
         for name, split in (("train", self.train), ("val", self.val)):
             if split.total_windows == 0:
                 raise UserError(f"no {name} shard of dataset {dataset} holds block_size + 1 = {block_size + 1} tokens; "
@@ -155,10 +156,6 @@ class DataLoader:
         self.step = 0  # micro-batches this rank has returned
         self.batch_hash = self.prev_hash = hashlib.sha256().hexdigest()  # the chain now, and before the last batch
         self._val_cache = []
-
-    @property
-    def vocab_size(self):
-        return self.meta["vocab_size"]
 
     def _windows(self, k):
         """Micro-batch number k of the shared training stream, as a (batch_size, block_size + 1) array."""

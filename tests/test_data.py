@@ -523,7 +523,7 @@ def test_shakespeare_prepare_scripts_run_offline(tmp_path, name, tokens, vocab):
 
 def test_prepared_shakespeare_char_fixture_feeds_the_loader(shakespeare_char_dir):
     loader = DataLoader("shakespeare_char", 64, 3, 0, data_dir=shakespeare_char_dir)
-    assert loader.vocab_size == 84 and loader.meta["tokenizer"] == "char"
+    assert loader.meta["vocab_size"] == 84 and loader.meta["tokenizer"] == "char"
     tok = get_tokenizer(loader.meta)
     x, y = loader.val_batches(1)[0]
     assert all(tok.decode(row.tolist()) in read_shakespeare() for row in x)
@@ -843,4 +843,4 @@ def test_a_command_that_waited_for_another_ones_preparation_reads_it(tmp_path, m
     monkeypatch.setattr(loader.fcntl, "flock", another_prepares_meanwhile)
     monkeypatch.setattr(loader.subprocess, "run", lambda *a, **kw: pytest.fail("prepared a second time"))
     got = loader.open_loader("shakespeare_char", 8, 2, 1337, data_dir=str(tmp_path))
-    assert got.vocab_size == 84
+    assert got.meta["vocab_size"] == 84
