@@ -55,7 +55,6 @@ def main(argv):
                                                  f"point --out_dir at a run's directory ({RUN_DIRS}).")
     ckpt_path = os.path.join(cfg['out_dir'], CKPT)
     where, dtype = device.use(cfg['device'], cfg['dtype'])  # the dtype is the chosen GPU's, not the current one's
-    device_type = where.split(':')[0]
     threads = device.set_threads(cfg['threads'])
     torch.manual_seed(cfg['seed'])
 
@@ -83,7 +82,7 @@ def main(argv):
           f"(iteration {iter_num}, {checkpoint['meta'].get('tokenizer')} tokenizer) on {where}, {dtype}, {threads}",
           file=sys.stderr)
 
-    with torch.no_grad(), device.autocast(device_type, dtype):
+    with torch.no_grad(), device.autocast(where.split(':')[0], dtype):
         for _ in range(cfg['num_samples']):
             y = model.generate(x, cfg['max_new_tokens'], temperature=cfg['temperature'], top_k=cfg['top_k'] or None)
             print(tok.decode(y[0].tolist()))
