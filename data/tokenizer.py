@@ -41,10 +41,9 @@ def gpt2_encoding(ranks_path=GPT2_RANKS):
 class GPT2Tokenizer:
     """GPT-2 BPE. encode() reads '<|endoftext|>' as plain text: EOT ids come only from the prepare scripts."""
 
-    def __init__(self, ranks_path=GPT2_RANKS):
-        self.enc = gpt2_encoding(ranks_path)
+    def __init__(self):
+        self.enc = gpt2_encoding()
         self.vocab_size = self.enc.n_vocab  # 50257
-        self.eot = EOT
 
     def encode(self, text):
         return self.enc.encode_ordinary(text)
@@ -57,7 +56,7 @@ class GPT2Tokenizer:
         return self.enc.decode([int(i) for i in ids])
 
     def meta(self):
-        return {"tokenizer": "gpt2", "vocab_size": self.vocab_size, "eot": self.eot}
+        return {"tokenizer": "gpt2", "vocab_size": self.vocab_size, "eot": EOT}
 
 
 class CharTokenizer:

@@ -59,7 +59,7 @@ def test_gpt2_tokenizer_works_offline_and_round_trips_the_corpus(no_network):
     tok = get_tokenizer({"tokenizer": "gpt2"})
     assert tok.encode("Hello world") == [15496, 995]
     assert tok.encode(" the\n") == [262, 198]
-    assert tok.vocab_size == 50257 and tok.eot == EOT == 50256
+    assert tok.vocab_size == 50257 and tok.meta()["eot"] == EOT == 50256
     text = read_shakespeare()
     paragraph = text[text.index("To be, or not to be"):][:1500]
     ids = tok.encode(paragraph)
