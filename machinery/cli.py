@@ -231,10 +231,8 @@ def quiet_interrupt(name):
 
 
 def run_cli(main, argv=None):
-    """Run main(argv); a UserError becomes 'error: message' on stderr with exit status 2 (no traceback), a RunStopped
-    (or a full disk under stdout) 'stopped: message' with status 3, Ctrl-C 'interrupted.' with status 130, a Terminated
-    'terminated.' with 143, a closed stdout pipe quietly 141. Within main, Ctrl-C is Python's KeyboardInterrupt (a run
-    saves nothing half-written, then stops)."""
+    """Run main(argv), ending the command as the module's docstring says: one line on stderr and an exit status for each
+    way out below. Within main, Ctrl-C is Python's KeyboardInterrupt (a run saves nothing half-written, then stops)."""
     quiet = signal.getsignal(signal.SIGINT) is _interrupted
     if hasattr(sys.stdout, 'reconfigure'):  # a result reaches a log file as it is printed, in order with stderr's lines
         sys.stdout.reconfigure(line_buffering=True)
