@@ -81,8 +81,7 @@ def resolve_dtype(name, device_type):
 def use(name, dtype, mps=True):
     """The device a process computes on (resolve_device; mps=False: auto never picks MPS) and its dtype for it
     (resolve_dtype). A GPU is made the current one first, so that RNG state, bf16 support and the peak-FLOPs lookup
-    refer to it, with TF32 matmuls for float32 work. train.py's distributed.setup calls it (under torchrun, with each
-    rank's own GPU)."""
+    refer to it."""
     name = resolve_device(name, mps)
     if name.startswith('cuda'):
         torch.cuda.set_device(torch.device(name))

@@ -20,8 +20,7 @@ OTHER_CODE = f"other code of {' or '.join(IDEAS)} than they hold now"  # what ev
 def code_hash(root=ROOT):
     """12 hex digits of a SHA-256 of the code of activations.py and model.py as they are now: their tokens, so that
     comments, docstrings and the spacing between tokens do not count (what a reader sees, not what runs), but every
-    string's text and the blocks indentation opens do. train.py logs it, and a comparison refuses to reuse a run whose
-    log names other code."""
+    string's text and the blocks indentation opens do."""
     digest = hashlib.sha256()
     for name in IDEAS:
         with open(os.path.join(root, name), 'rb') as f:
