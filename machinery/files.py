@@ -22,8 +22,7 @@ def write_failed(path, e):
 
 
 def write_file(path, write, binary=False):
-    """Write path atomically: write(f) into a temporary file in path's folder, flushed and synced, then renamed over
-    path. On any failure the temporary file is removed and path is untouched; a failure to write raises RunStopped."""
+    """Write path atomically, as the module's docstring says: write(f) into a temporary file beside it, then renamed."""
     tmp = os.path.join(os.path.dirname(path) or '.', f'.{os.path.basename(path)}.tmp{os.getpid()}')
     try:
         with open(tmp, 'wb' if binary else 'w', encoding=None if binary else 'utf-8') as f:

@@ -48,8 +48,7 @@ def parse_record(line):
 
 def read_log_lines(path):
     """(records, damaged): the records of a log.jsonl in the order of their iterations (the last record is the last
-    iteration) and the text of every line that is not one (a torn last line after a kill mid-write, a line damaged by
-    hand or by a disk), set aside, never a reason to drop the others."""
+    iteration), and the text of every line that is not one, set aside as the module's docstring says."""
     records, damaged = [], []
     try:
         with open(path, encoding='utf-8', errors='replace') as f:
@@ -67,7 +66,6 @@ def read_log_lines(path):
 
 
 def append_log(path, record):
-    """One record as one line of log.jsonl, appended and closed at once (a reader sees every finished line)."""
     append_lines(path, [json.dumps(record) + '\n'])
 
 
