@@ -108,7 +108,7 @@ def remove_dead_temps(folder):
 def _alive(pid):
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: past any pid, so no process's (.x.tmp99999999999)
         return False
     except OSError:  # another user's process
         pass

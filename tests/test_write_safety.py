@@ -110,6 +110,18 @@ def same_log_and_weights(a, b):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_temporary_files_of_dead_processes_go_and_a_live_ones_stays(tmp_path):
+    """What a killed write left (.NAME.tmpPID of no live process, a PID past any too) goes; a running write stays."""
+    names = ['.ckpt.pt.tmp' + str(os.getpid()), '.log.tmp99999999999999999999', '.ckpt.pt.tmp1x', 'kept.txt']
+    finished = subprocess.Popen([sys.executable, '-c', ''])
+    finished.wait()  # reaped: no process has its pid now
+    names.append(f'.summary.md.tmp{finished.pid}')
+    for n in names:
+        (tmp_path / n).write_text('x')
+    file_safety.remove_dead_temps(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == sorted([names[0], '.ckpt.pt.tmp1x', 'kept.txt'])
+
+
 # ---- checkpoints -----------------------------------------------------------------------------------------------------
 
 
