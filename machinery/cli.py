@@ -84,10 +84,8 @@ def _unknown_key(key, valid, where):
     return UserError(f"{where}unknown config key '{key}'{own}; valid keys: {', '.join(sorted(valid))}.")
 
 
-def _parse_literal(text, want, default):
+def _parse_literal(text, want):
     """The text of --key=value as a Python object: a literal, or the raw text for string keys."""
-    if default is None and text.strip().lower() in ('auto', 'none'):
-        return None
     if want is str:
         return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in '"\'' else text
     try:
@@ -201,7 +199,7 @@ def parse_args(defaults, argv, types=None, prog='train.py', doc='', notes=()):
             raise UserError(f"cannot read argument '{arg}'; write overrides as --key=value (e.g. --{example}=VALUE).")
         if key not in defaults:
             raise _unknown_key(key, list(defaults), '')
-        config[key] = coerce(key, _parse_literal(text, want, defaults[key]), want, defaults[key], '--')
+        config[key] = coerce(key, _parse_literal(text, want), want, defaults[key], '--')
         given[key] = '--'
     return config, given
 
