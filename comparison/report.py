@@ -12,8 +12,9 @@ from machinery.run_log import LOG
 WHOLE = lambda r: r.get('val_loss')  # an evaluation scored on every validation window (None: a record without it)
 
 
-def run_metrics(log, loss_of=WHOLE):
+def run_metrics(run, loss_of):
     """Per-run numbers from its log records. loss_of: the validation loss an evaluation line is scored by."""
+    log = run.records
     evals = [r for r in log if 'val_loss' in r]
     trains = [r for r in log if 'loss' in r and 'tokens' in r]
     # training time: each train line's ms is the mean step time since the previous line (evaluation excluded)
@@ -26,7 +27,7 @@ def run_metrics(log, loss_of=WHOLE):
     tok_s = [r['tok_s'] for r in trains if r.get('tok_s')]
     last = log[-1] if log else {}
     return {'iters': last.get('iter', 0), 'tokens': last.get('tokens', 0),
-            'final_val_loss': loss_of(evals[-1]) if evals else None,
+            'final_val_loss': run.final(loss_of),  # None unless done: a diverged run has no final evaluation
             'final_train_loss': trains[-1]['loss'] if trains else None, 'train_time_s': t,
             'tok_s': statistics.median(tok_s) if tok_s else None,  # steady state: the median over log lines
             'batch_hash': last.get('batch_hash'),
@@ -63,9 +64,7 @@ def summarize(head, runs, shapes, loss_of=WHOLE):
     for run in runs:
         if run.damaged:
             damaged[os.path.join(run.dir, LOG)] = len(run.damaged)
-        m = {'seed': run.seed, 'dir': run.dir, 'status': run.state, **run_metrics(run.records, loss_of)}
-        if m['status'] != 'done':
-            m['final_val_loss'] = None  # a diverged run has no final evaluation to compare
+        m = {'seed': run.seed, 'dir': run.dir, 'status': run.state, **run_metrics(run, loss_of)}
         by_variant.setdefault(run.variant, []).append(m)
     # the times depend on whether the runs were compiled and how many trained side by side
     compiled = {(r.checkpoint or {}).get('compiled') for r in runs} - {None}  # None: no checkpoint to say
