@@ -165,11 +165,9 @@ def summarize_sweep(head, runs, fresh, shapes, chosen, shared_lr):
                          for v, s in shared['variants'].items()}
     summary['lr'] = {}
     for v in head['variants']:
-        reported = {}
-        for r in runs:
-            if r.variant == v:
-                reported.setdefault(r.lr, []).append(r.final(REPORT_HALF))
-        rates, best = sorted(reported), chosen[v]['best']
+        mine = [r for r in runs if r.variant == v]
+        rates, best = sorted({r.lr for r in mine}), chosen[v]['best']
+        reported = {lr: [r.final(REPORT_HALF) for r in mine if r.lr == lr] for lr in rates}
         # a rate where a seed diverged is a failure there, as in the choice: no mean of the seeds that survived
         loss = {lr: None if None in reported[lr] else mean_std(reported[lr]) for lr in rates}
         near = lambda f: next((loss[r]['mean'] - loss[best]['mean'] for r in rates if math.isclose(r, f * best)
