@@ -578,14 +578,13 @@ def write_report(cfg, comp, runs, fresh):
               and k not in shown and k not in ('ffn', 'seed')}  # those two are set per run
     head = dict(baseline=comp['baseline'], seeds=comp['fresh_seeds'] or comp['seeds'], variants=comp['variants'],
                 dataset=cfg['dataset'], settings={**shown, **chosen})
-    if not comp['grid']:  # each variant's rate, and a line on those without a tuned one
-        head.update(rates={v: r or cfg['learning_rate'] for v, r in comp['rates'].items()},
-                    untuned=[v for v, r in comp['rates'].items() if r is None], untuned_note=comp['untuned'])
     shapes = shapes_of(cfg, runs, comp['variants'])
     if comp['grid']:
         head['tuned_at'] = tuning_key(cfg)
         summary, by_variant = report.summarize_sweep(head, runs, fresh, shapes, best_rates(runs), cfg['learning_rate'])
-    else:
+    else:  # each variant's rate, and a line on those without a tuned one
+        head.update(rates={v: r or cfg['learning_rate'] for v, r in comp['rates'].items()},
+                    untuned=[v for v, r in comp['rates'].items() if r is None], untuned_note=comp['untuned'])
         summary, by_variant = report.summarize(head, runs, shapes, scored_by(comp))
     if summary['damaged_lines']:
         print(f"compare: {report.damaged_note(summary)}", file=sys.stderr)
