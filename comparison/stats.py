@@ -6,16 +6,16 @@ import statistics
 import numpy as np
 from scipy import optimize, stats
 
-CONFIDENCE = 0.95  # every interval and test here is two-sided at this level
+CONFIDENCE = 0.95  # c: every interval and test here is two-sided at this level
 MIN_FIT_SIZES = 4  # E, A and α are 3 parameters: fewer than 4 sizes leave no degree of freedom to judge the fit
 
 
-def t_quantile(dof, confidence=CONFIDENCE):
+def t_quantile(dof):
     """t_{(1+c)/2, dof}: the half-width of a two-sided t interval, in standard errors."""
-    return stats.t.ppf(0.5 + confidence / 2, dof)
+    return stats.t.ppf(0.5 + CONFIDENCE / 2, dof)
 
 
-def paired(diffs, confidence=CONFIDENCE):
+def paired(diffs):
     """Mean and std of per-seed paired differences d_i; t = mean / (std / √n) and its two-sided p (Student's t, n−1
     dof: scipy.stats.ttest_1samp); the CI mean ± t_{(1+c)/2, n−1}·std/√n; `resolved`: the CI excludes 0 (p < 1 − c)."""
     d = [float(v) for v in diffs if v is not None and math.isfinite(v)]
@@ -28,9 +28,9 @@ def paired(diffs, confidence=CONFIDENCE):
     if not spread:  # one seed, or no spread: nothing to test
         return out
     test = stats.ttest_1samp(d, 0.0)
-    half = t_quantile(n - 1, confidence) * std / math.sqrt(n)
+    half = t_quantile(n - 1) * std / math.sqrt(n)
     out.update(t=float(test.statistic), p=float(test.pvalue), ci=[float(mean - half), float(mean + half)],
-               resolved=bool(test.pvalue < 1 - confidence))
+               resolved=bool(test.pvalue < 1 - CONFIDENCE))
     return out
 
 
@@ -46,18 +46,18 @@ def holm(p_values):
     return out
 
 
-def bootstrap_ci(values, confidence=CONFIDENCE, n_resamples=2000, seed=0):
+def bootstrap_ci(values):
     """A percentile bootstrap CI of the mean (scipy.stats.bootstrap, Efron 1979); None with fewer than 2 values or
     no spread. Seeded, so the same values always give the same interval."""
     v = np.asarray([x for x in values if x is not None], dtype=float)
     if len(v) < 2 or np.ptp(v) == 0:
         return None
-    res = stats.bootstrap((v,), np.mean, confidence_level=confidence, n_resamples=n_resamples, method='percentile',
-                          rng=np.random.default_rng(seed))
+    res = stats.bootstrap((v,), np.mean, confidence_level=CONFIDENCE, n_resamples=2000, method='percentile',
+                          rng=np.random.default_rng(0))
     return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
 
 
-def gap_trend(log_n, gaps, confidence=CONFIDENCE):
+def gap_trend(log_n, gaps):
     """The trend of a gap Δ with size: the least-squares line Δ = a + b·ln N (scipy.stats.linregress), the slope's CI
     b ± t_{(1+c)/2, m−2}·SE(b) from the scatter of its m points about the line. With 3+ sizes the points are the
     sizes' mean gaps (ln N_j, Δ̄_j): a size's seeds share whatever the line misses there, so as points of their own
@@ -73,7 +73,7 @@ def gap_trend(log_n, gaps, confidence=CONFIDENCE):
     if len(by_size) >= 3:
         pts = [(x, statistics.fmean(g)) for x, g in by_size.items()]
     fit = stats.linregress(*np.array(pts).T)
-    half = t_quantile(len(pts) - 2, confidence) * fit.stderr
+    half = t_quantile(len(pts) - 2) * fit.stderr
     lo, hi = fit.slope - half, fit.slope + half
     verdict = 'rises' if lo > 0 else 'falls' if hi < 0 else 'flat within noise'
     return {'slope_per_ln_n': float(fit.slope), 'ci': [float(lo), float(hi)], 'stderr': float(fit.stderr),
@@ -167,7 +167,7 @@ def compute_for_loss(fit, loss):
         return math.inf
 
 
-def compute_multiplier(base_points, var_points, budget, n_boot=1000, seed=0):
+def compute_multiplier(base_points, var_points, budget, n_boot=1000):
     """The effective compute multiplier of a variant (Marin's "effective speedup" before time): with the baseline's
     law L_b(C) = E + A·C^(−α) fitted over its sizes, a variant reaching loss L_v with compute C_v is worth
     C_b(L_v) / C_v (> 1: worth that much more compute). Per size, L_v = L_b(C_b) + the mean paired gap L_v − L_b
@@ -198,7 +198,7 @@ def compute_multiplier(base_points, var_points, budget, n_boot=1000, seed=0):
     # at the budget: ln(multiplier)'s spread over seed resamples paired across sizes and variants (a bootstrap, Efron
     # 1979) as a standard error, widened to a t interval with n_seeds − 1 dof (a percentile one of 2-4 seeds is narrow)
     at = lambda fb, fv: worth(fb, power_law(budget, fv['E'], fv['A'], fv['alpha']), budget)
-    m, rng = at(fb, fv), np.random.default_rng(seed)
+    m, rng = at(fb, fv), np.random.default_rng(0)
     boots = np.log([at(*f) for f in (fits(list(rng.integers(0, n_seeds, n_seeds))) for _ in range(n_boot)) if f])
     boots = boots[np.isfinite(boots)]
     ci = None
