@@ -507,8 +507,7 @@ def train_missing(cfg, comp, runs, why=''):
     check_writable(cfg['out_dir'], create=True)
     per = sorted({len({r.lr for r in runs if r.variant == v}) for v in {r.variant for r in runs}})  # rates per variant
     rates = f" x {per[0]}{'' if len(per) == 1 else f'-{per[-1]}'} rates" if per[-1] > 1 else ''
-    n_variants = len({r.variant for r in runs})
-    print(f"compare: {why}{n_variants} variant(s) x {len(comp['seeds'])} seed(s){rates}"
+    print(f"compare: {why}{len({r.variant for r in runs})} variant(s) x {len(comp['seeds'])} seed(s){rates}"
           + f" = {len(runs)} runs into {cfg['out_dir']} ({len(runs) - len(todo)} to reuse, {len(todo)} to train"
           + (f", {at_once}" if todo else '') + ')', file=sys.stderr)
     pbar = progress_bar(len(runs), 'runs', unit='run')
