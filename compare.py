@@ -202,10 +202,10 @@ def learning_rates(cfg):
     return rates
 
 
-def specs(cfg, comp, variants, rates, seeds=None):
-    """The runs of these variants at these rates (None: the shared learning_rate), seed by seed (the sweep's seeds
-    unless given)."""
-    out = [make_run(cfg, v, s, lr) for v in variants for lr in rates for s in seeds or comp['seeds']]
+def specs(cfg, comp, rates, seeds=None):
+    """The runs of each variant at its rates ({variant: [rate, ...]}, None: the shared learning_rate), seed by seed
+    (the sweep's seeds unless given)."""
+    out = [make_run(cfg, v, s, lr) for v, lrs in rates.items() for lr in lrs for s in seeds or comp['seeds']]
     if len({r['dir'] for r in out}) < len(out):  # a run's directory names its rate to 3 significant digits
         raise UserError("two of the sweep's rates agree to 3 significant digits, so they would share a run directory; "
                         "give rates that differ within their first 3 digits.")
@@ -214,9 +214,7 @@ def specs(cfg, comp, variants, rates, seeds=None):
 
 def grid_runs(cfg, comp):
     """Every run of the comparison's grid (a sweep's, or each variant at its rate), read from its directory."""
-    if comp['grid']:
-        return [scan(s) for s in specs(cfg, comp, comp['variants'], comp['grid'])]
-    return [scan(s) for v in comp['variants'] for s in specs(cfg, comp, [v], [comp['rates'][v]])]
+    return [scan(s) for s in specs(cfg, comp, {v: comp['grid'] or [comp['rates'][v]] for v in comp['variants']})]
 
 
 def best_rates(runs):
@@ -241,16 +239,16 @@ def beyond_edges(cfg, comp, runs):
         step = grid[1] / grid[0] if len(grid) > 1 else 2.0
         edge = chosen[v]['edge'] or ''  # 'low', 'high' or 'low and high'
         if 'low' in edge and sum(r < grid[0] for r in rates) < MAX_EXTEND:
-            out += specs(cfg, comp, [v], [min(rates) / step])
+            out += specs(cfg, comp, {v: [min(rates) / step]})
         if 'high' in edge and sum(r > grid[-1] for r in rates) < MAX_EXTEND:
-            out += specs(cfg, comp, [v], [max(rates) * step])
+            out += specs(cfg, comp, {v: [max(rates) * step]})
     return [scan(s) for s in out]
 
 
 def verdict_specs(cfg, comp, chosen):
     """A sweep's verdict: each variant at its chosen rate on fresh seeds, which the choice never saw (the seed luck
     that made a rate win stays behind with the sweep's runs)."""
-    return [s for v in comp['variants'] for s in specs(cfg, comp, [v], [chosen[v]['best']], comp['fresh_seeds'])]
+    return specs(cfg, comp, {v: [chosen[v]['best']] for v in comp['variants']}, comp['fresh_seeds'])
 
 
 def plan_rounds(cfg, comp):
