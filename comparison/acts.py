@@ -316,7 +316,7 @@ def write(out_dir, report):
     save_figure(fig, os.path.join(out_dir, 'acts.png'))
 
 
-def compare_acts(out_dir, runs, data_dir=''):
+def compare_acts(out_dir, runs, data_dir):
     """For compare.py: inspect and write each variant's run (runs: {variant: its first seed's runs.Run, whose files
     are read already}, its acts.png and acts.json where it trained with this code) and draw out_dir/acts.png. Returns
     the moved-from-init numbers per variant, layer and branch (None: no checkpoint)."""
