@@ -36,7 +36,6 @@ from machinery.fingerprint import IDEAS, OTHER_CODE, code_hash
 from machinery.lock import HELD, LOCK, LOCK_FD_ENV, try_lock_run_dir
 from machinery.progress import progress_bar
 from machinery.run_log import DIVERGED_HINT, LOG, clear_diverged, parse_record
-from comparison.ladder import scale_counts
 from comparison.runs import (FINISHED, INTENT, TRAIN_OUT, at_rate, check_variants, codes_of, command_line, make_run,
                              meta_model, scan, tuning_key, variant_rates, variant_settings)
 
@@ -429,7 +428,7 @@ def train_all(todo, slots, threads, overwrite, pbar, finished=lambda runs: None)
 def shapes_of(cfg, runs, variants):
     """Per variant its model's parameter counts and scale (from its first run's settings, on the meta device)."""
     models = {v: meta_model(next(r for r in runs if r.variant == v).settings, cfg['data_dir']) for v in variants}
-    return {v: {'params': m.param_report(), 'scale': scale_counts(m)} for v, m in models.items()}
+    return {v: {'params': m.param_report(), 'scale': ladder.scale_counts(m)} for v, m in models.items()}
 
 
 def scored_by(comp):
