@@ -26,7 +26,7 @@ import sys
 import time
 
 import configurator
-from configurator import TYPES, check, keys_that, memory_needs, schedule_note
+from configurator import TYPES, check, keys_that, schedule_note
 from comparison import acts, ladder, placement, plots, report, stats
 from machinery.cli import RunStopped, Terminated, UserError, parse_args, run_cli, split_arg, split_list
 from machinery.device import resolve_device, resolve_dtype
@@ -480,7 +480,7 @@ def run_size(cfg, runs):
     for r in {r.variant: r for r in runs}.values():  # the runs of a variant differ in seed and rate only
         model = meta_model(r.settings, cfg['data_dir'])
         tokens = r.settings['batch_size'] * r.settings['block_size']  # a micro-step's: it sets the kernels' sizes
-        sizes.append((model.flops_per_token() * tokens, memory_needs(r.settings, model.config)[2]))
+        sizes.append((model.flops_per_token() * tokens, placement.peak_memory(r.settings, model.config)))
     return max(sizes)
 
 

@@ -160,20 +160,13 @@ def min_params(c):
 
 
 def memory_needs(cfg, c):
-    """A run's memory in bytes, before anything is allocated: (model, batch) parts of a lower bound, and an estimate
-    of its peak. The bound: 16 bytes a parameter (fp32 weights, gradients and AdamW's two moments; min_params), RoPE's
-    fp32 tables (cos and sin, block_size x head size / 2, in every layer), and what a batch certainly holds, its fp32
-    logits and the int64 validation windows (inputs and targets). The estimate adds the activations kept for
-    backward: 34·d bytes a token and layer in 16-bit (Korthikanti et al. 2022, "Reducing Activation Recomputation in
-    Large Transformer Models", with flash attention's memory), less its two 1-byte dropout masks, plus 4·d as the two
-    norms' inputs are the fp32 residual stream under autocast: 36·d; in fp32, 64·d (32·d of 16-bit values, doubled).
-    At GPT-2 small's shape (bench.py, batch 16 x 1024, bf16) that is 9.98 GiB against a measured peak of 10.55 GiB
-    (BENCHMARKS.md, GPU); other shapes are not measured."""
+    """A lower bound of a run's memory in bytes, before anything is allocated, in two parts: (model, batch). The model:
+    16 bytes a parameter (fp32 weights, gradients and AdamW's two moments; min_params) and RoPE's fp32 tables (cos and
+    sin, block_size x head size / 2, in every layer); the batch: what it certainly holds, its fp32 logits and the int64
+    validation windows (inputs and targets)."""
     model = 16 * min_params(c) + (4 * c.n_layer * c.block_size * (c.n_embd // c.n_head) if c.pos == 'rope' else 0)
     batch = cfg['batch_size'] * cfg['block_size'] * (4 * c.padded_vocab_size + 16 * cfg['eval_iters'])
-    activations = cfg['batch_size'] * cfg['block_size'] * c.n_layer * c.n_embd * (
-        64 if cfg['dtype'] == 'float32' else 36)
-    return model, batch, model + batch + activations
+    return model, batch
 
 
 def check_memory(cfg, c, where=None):
@@ -186,7 +179,7 @@ def check_memory(cfg, c, where=None):
             where := device.resolve_device(cfg['device']))
     except UserError:  # not a device of this machine (compare.py --plan for another): the run says so where it runs
         return
-    model, batch, _ = memory_needs(cfg, c)
+    model, batch = memory_needs(cfg, c)
     if model + batch > have:
         gb = lambda n: f"{Decimal(n) / 10**9:.3g} GB"  # Decimal: the sizes can be ints beyond any float
         lower = ('n_layer, n_embd, ffn_mult, n_expert or vocab_size' if model > batch else

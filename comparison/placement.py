@@ -15,6 +15,7 @@ import os
 import shlex
 import sys
 
+from configurator import memory_needs
 from machinery.cli import UserError
 
 
@@ -35,6 +36,18 @@ MAX_SHARE = 8
 # current GPU's matmul peak: the Python that launches its kernels sets its pace, not the GPU
 SHARE_BELOW_FLOPS = 1e12
 CONTEXT_BYTES = 0.5 * 2**30  # an estimate of each process's CUDA context and cuBLAS/cuDNN workspaces (0.3-0.6 GiB)
+
+
+def peak_memory(cfg, c):
+    """An estimate of a run's peak memory in bytes, which a GPU's runs share: the lower bound (memory_needs) and the
+    activations kept for backward: 34·d bytes a token and layer in 16-bit (Korthikanti et al. 2022, "Reducing
+    Activation Recomputation in Large Transformer Models", with flash attention's memory), less its two 1-byte dropout
+    masks, plus 4·d as the two norms' inputs are the fp32 residual stream under autocast: 36·d; in fp32, 64·d (32·d of
+    16-bit values, doubled). At GPT-2 small's shape (bench.py, batch 16 x 1024, bf16) that is 9.98 GiB against a
+    measured peak of 10.55 GiB (BENCHMARKS.md, GPU); other shapes are not measured."""
+    activations = cfg['batch_size'] * cfg['block_size'] * c.n_layer * c.n_embd * (
+        64 if cfg['dtype'] == 'float32' else 36)
+    return sum(memory_needs(cfg, c)) + activations
 
 
 def resolve_jobs(cfg, n_runs, step_flops, need_bytes):

@@ -440,8 +440,9 @@ def test_the_memory_a_run_is_placed_by_is_its_estimated_peak_not_its_weights(fak
            'block_size': 512, 'dtype': 'float32', 'vocab_size': 65}
     plans = [types.SimpleNamespace(**runs.make_run(cfg, v, 1)) for v in ('gelu', 'swiglu')]
     step, need = compare.run_size(cfg, plans)
-    sizes = [configurator.memory_needs(p.settings, runs.meta_model(p.settings, 'data').config) for p in plans]
-    assert need == max(s[2] for s in sizes) and need > 4 * max(s[0] + s[1] for s in sizes)
+    configs = [(p.settings, runs.meta_model(p.settings, 'data').config) for p in plans]
+    need_bound = max(sum(configurator.memory_needs(*c)) for c in configs)  # the weights' and the batch's
+    assert need == max(placement.peak_memory(*c) for c in configs) and need > 4 * need_bound
     assert step == max(runs.meta_model(p.settings, 'data').flops_per_token() for p in plans) * 32 * 512
     fake_gpu(n=2, total_gib=(need + placement.CONTEXT_BYTES) * 6.5 / 0.9 / 2**30)
     cores(64)

@@ -21,6 +21,7 @@ import train  # noqa: E402
 import compare  # noqa: E402
 import configurator  # noqa: E402
 from activations import VARIANTS, make_activations  # noqa: E402
+from comparison import placement  # noqa: E402
 from comparison.runs import meta_model  # noqa: E402
 from data.write import write_shard  # noqa: E402
 from machinery import device, distributed, run_log, speed  # noqa: E402
@@ -510,12 +511,13 @@ def test_each_try_and_each_summary_names_what_it_ran_on(shakespeare_char_dir, tm
 
 
 def test_the_memory_estimate_is_within_15_percent_of_the_measured_peak_at_gpt2_small():
-    """configurator.memory_needs' peak estimate against the one measured peak (BENCHMARKS.md, GPU: bench.py at GPT-2
+    """placement.peak_memory's estimate against the one measured peak (BENCHMARKS.md, GPU: bench.py at GPT-2
     small's shape, batch 16 x 1024, bf16, regional compile, 10,800 MiB on an H200): the arithmetic, pinned."""
     import configurator
     cfg = {**configurator.DEFAULTS, 'n_layer': 12, 'n_head': 12, 'n_embd': 768, 'block_size': 1024, 'batch_size': 16,
            'vocab_size': 50257, 'dtype': 'bfloat16', 'eval_iters': 20}
-    model, batch, peak = configurator.memory_needs(cfg, configurator.model_config(cfg))
+    config = configurator.model_config(cfg)
+    (model, batch), peak = configurator.memory_needs(cfg, config), placement.peak_memory(cfg, config)
     tokens, L, d = 16 * 1024, 12, 768
     assert model == 16 * 123_568_128 + 4 * L * 1024 * 64  # 16 bytes a parameter, and RoPE's fp32 tables
     assert batch == tokens * (4 * 50_304 + 16 * 20)  # fp32 logits over the padded vocabulary, the validation windows
