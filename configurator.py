@@ -20,11 +20,11 @@ from model import GPTConfig
 Key = namedtuple('Key', 'default what type', defaults=('', None))  # type None: its default's
 M = GPTConfig()  # the model's keys are GPTConfig's fields, and keep its defaults
 # Every key a run takes: its default, and what it is (words): model (a field of GPTConfig), stream (it fixes the
-# training batches: a resume keeps it), id (part of what a run is; where it lives, how it starts and runs, its threads,
-# whether it is compiled, MFU's FLOP/s and the experiment tracking are not), tune (what a comparison's tuned rates
-# depend on: what a run is but its variant, seed, the rate, its device, and how often it evaluates, logs and saves;
-# eval_iters is in, as it splits the windows into the half a sweep chooses on and the half a comparison reports), shown
-# (in a comparison's summary)
+# training batches or the validation windows: a resume keeps it), id (part of what a run is; where it lives, how it
+# starts and runs, its threads, whether it is compiled, MFU's FLOP/s and the experiment tracking are not), tune (what a
+# comparison's tuned rates depend on: what a run is but its variant, seed, the rate, its device, and how often it
+# evaluates, logs and saves; eval_iters is in, as it splits the windows into the half a sweep chooses on and the half a
+# comparison reports), shown (in a comparison's summary)
 SETTINGS = dict(
     # I/O
     out_dir=Key('out'),
@@ -32,7 +32,7 @@ SETTINGS = dict(
     overwrite=Key(False),  # allow a scratch run to replace an existing out_dir/ckpt.pt
     always_save_checkpoint=Key(True, 'id'),  # if False, only save when val loss improves
     eval_interval=Key(250, 'id shown'),  # iterations between evaluations (+ checkpoints); the last is always evaluated
-    eval_iters=Key(20, 'id tune shown'),  # validation batches per evaluation (fixed windows, the same for every run)
+    eval_iters=Key(20, 'stream id tune shown'),  # validation batches per evaluation (fixed windows, the same for every run)
     log_interval=Key(10, 'id'),  # iterations between log lines
     # data
     dataset=Key('shakespeare_char', 'stream id tune shown'),
@@ -256,8 +256,8 @@ def schedule_note(cfg):
 
 
 def resumed_settings(cfg, given, ckpt):
-    """A resumed run's settings: the checkpoint's, with only the keys given explicitly on top; its model keys and data
-    stream cannot change."""
+    """A resumed run's settings: the checkpoint's, with only the keys given explicitly on top; its model keys, data
+    stream and validation windows cannot change."""
     with loading(os.path.join(cfg['out_dir'], CKPT)):  # its settings read as a command line's are
         try:
             saved = {k: coerce(k, v, TYPES[k], DEFAULTS[k], 'its config: ') for k, v in ckpt['config'].items()
@@ -269,8 +269,8 @@ def resumed_settings(cfg, given, ckpt):
         if key in given and cfg[key] != was and not (key == 'vocab_size' and cfg[key] == 0):
             by, fix = ((f"--{key}={cfg[key]}", f"drop --{key}") if given[key] == '--' else  # or its config file
                        (f"{given[key]} sets {key}={cfg[key]!r}, which", f"resume without {given[key]}"))
-            raise UserError(f"{by} differs from the checkpoint's {was!r}; a resumed run keeps its model and data "
-                            f"stream, so {fix} or train a new run in another out_dir.")
+            raise UserError(f"{by} differs from the checkpoint's {was!r}; a resumed run keeps its model, data "
+                            f"stream and validation windows, so {fix} or train a new run in another out_dir.")
     resumed = {**DEFAULTS, **saved, **{k: cfg[k] for k in given}}
     return {**resumed, 'init_from': 'resume', 'out_dir': cfg['out_dir']}  # the run may have been moved since
 

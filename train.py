@@ -15,9 +15,10 @@ Worth knowing:
 - log.jsonl holds a record per logged iteration (`iter`: optimizer steps done); evaluation lines add the validation
   loss and its two halves, and what the activations learned (log_record, add_evaluation). A checkpoint at iteration k
   follows the log line of iteration k, and a resumed run drops the lines past its checkpoint.
-- init_from=resume takes the settings saved in out_dir/ckpt.pt with only what you pass on top; the model keys and
-  the data stream (dataset, batch_size, block_size, seed) cannot change. One run per out_dir (a lock). A resume is
-  exact on a CPU; on a GPU some kernels are not deterministic, so it matches to bf16's rounding.
+- init_from=resume takes the settings saved in out_dir/ckpt.pt with only what you pass on top; the model keys, the
+  data stream (dataset, batch_size, block_size, seed) and the validation windows (eval_iters) cannot change. One run
+  per out_dir (a lock). A resume is exact on a CPU; on a GPU some kernels are not deterministic, so it matches to
+  bf16's rounding.
 - A run stops (exit status 3) when a loss, the gradient norm or the weights become non-finite (why:
   out_dir/diverged.txt) or a file cannot be written; a checkpoint only ever holds finite weights.
 """

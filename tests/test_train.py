@@ -178,9 +178,11 @@ def test_resume_rejects_a_changed_data_stream_naming_what_changed_it(tiny_run, t
     config = tmp_path / 'mine.py'
     config.write_text('batch_size = 8\n')
     for given, said in (('--batch_size=8', "--batch_size=8 differs from the checkpoint's 4; a resumed run keeps its "
-                                           "model and data stream, so drop --batch_size or"),
+                                           "model, data stream and validation windows, so drop --batch_size or"),
+                        ('--eval_iters=5', "--eval_iters=5 differs from the checkpoint's"),  # its best: of which windows
                         (str(config), f"{config} sets batch_size=8, which differs from the checkpoint's 4; a resumed "
-                                      f"run keeps its model and data stream, so resume without {config} or")):
+                                      f"run keeps its model, data stream and validation windows, so resume without "
+                                      f"{config} or")):
         code, err = in_process(train_py.main, [given, f'--out_dir={out}', '--init_from=resume', '--max_iters=5'],
                                capsys)
         assert code == 2 and said in err and len(err.strip().splitlines()) == 1
@@ -409,13 +411,14 @@ DEFAULTS = {'n_layer': 6, 'dropout': 0.0, 'bias': False, 'dataset': 'x', 'compil
 
 def test_one_table_says_what_every_key_is():
     """configurator.SETTINGS: the model's keys are GPTConfig's fields, with its defaults (vocab_size 0: the dataset's);
-    what a tuned rate depends on is part of what a run is; the data stream is the dataset, batch, context and seed."""
+    what a tuned rate depends on is part of what a run is; what a resume keeps is the dataset, batch, context, seed
+    and validation windows."""
     from model import GPTConfig
     fields = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
     assert configurator.keys_that('model') == list(fields)
     assert {k: configurator.DEFAULTS[k] for k in fields} == {**fields, 'vocab_size': 0}
     assert set(configurator.keys_that('tune')) < set(configurator.keys_that('id')) < set(configurator.DEFAULTS)
-    assert set(configurator.keys_that('stream')) == {'dataset', 'batch_size', 'block_size', 'seed'}
+    assert set(configurator.keys_that('stream')) == {'dataset', 'batch_size', 'block_size', 'seed', 'eval_iters'}
     assert configurator.TYPES['compile'] is bool and configurator.TYPES['n_layer'] is int
     words = {w for key in configurator.SETTINGS.values() for w in key.what.split()}
     assert words == {'model', 'stream', 'id', 'tune', 'shown'}  # a misspelt word would classify nothing
