@@ -243,12 +243,15 @@ def check(cfg):
 
 
 def schedule_note(cfg):
-    """A note where the learning rate can never reach min_lr: an lr_decay_iters past max_iters (a config's, kept as
-    --max_iters shortens its runs); else None."""
-    if cfg['schedule'] != 'constant' and cfg['lr_decay_iters'] > cfg['max_iters']:
-        return (f"note: lr_decay_iters={cfg['lr_decay_iters']} lies past max_iters={cfg['max_iters']}, so the rate "
-                f"never decays to min_lr; --lr_decay_iters=0 ends the schedule with the run.")
-    return None
+    """A note where the schedule and the run end apart, as where --max_iters changes a config's run and its
+    lr_decay_iters stays: past max_iters the rate never decays to min_lr, before it the last iterations train at
+    min_lr; else None."""
+    decay, end = cfg['lr_decay_iters'], cfg['max_iters']
+    if cfg['schedule'] == 'constant' or decay in (0, end):
+        return None
+    said = (f"lies past max_iters={end}, so the rate never decays to min_lr" if decay > end else
+            f"ends before max_iters={end}, so the run's last {end - decay} iterations train at min_lr")
+    return f"note: lr_decay_iters={decay} {said}; --lr_decay_iters=0 ends the schedule with the run."
 
 
 # ----------------------------------------------------------------------------------------------------------------------

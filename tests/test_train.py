@@ -126,17 +126,21 @@ def test_a_resume_says_when_it_moves_its_schedules_end_or_has_nothing_left(shake
                 '--max_iters to go on.' in err) == (given == ['--max_iters=2'])
 
 
-def test_a_schedule_that_never_reaches_min_lr_is_noted(shakespeare_char_dir, tmp_path, capsys):
-    """A config's lr_decay_iters kept as --max_iters shortens the run leaves the rate near its peak: train.py says
-    so, as compare.py does; a schedule that ends with the run, or a constant one, says nothing."""
-    for i, (given, noted) in enumerate(((['--lr_decay_iters=10'], True), (['--lr_decay_iters=4'], False),
-                                        (['--lr_decay_iters=0'], False),
-                                        (['--lr_decay_iters=10', '--schedule=constant'], False))):
+def test_a_schedule_that_ends_apart_from_the_run_is_noted(shakespeare_char_dir, tmp_path, capsys):
+    """A config's lr_decay_iters kept as --max_iters shortens the run leaves the rate near its peak, and as it
+    lengthens the run (or a resume does) trains its last iterations at min_lr: train.py says so, as compare.py does; a
+    schedule that ends with the run, a constant one, or a resume with nothing left to train says nothing of it."""
+    past = 'note: lr_decay_iters=10 lies past max_iters=4, so the rate never decays to min_lr; --lr_decay_iters=0 '
+    before = 'note: lr_decay_iters=2 ends before max_iters=4, so the run\'s last 2 iterations train at min_lr; '
+    for i, (given, said) in enumerate(((['--lr_decay_iters=10'], past), (['--lr_decay_iters=2'], before),
+                                       (['--lr_decay_iters=4'], None), (['--lr_decay_iters=0'], None),
+                                       (['--lr_decay_iters=10', '--schedule=constant'], None))):
         capsys.readouterr()
         train_here(shakespeare_char_dir, str(tmp_path / str(i)), '--max_iters=4', '--eval_interval=4', *given)
-        said = ('note: lr_decay_iters=10 lies past max_iters=4, so the rate never decays to min_lr; --lr_decay_iters=0 '
-                'ends the schedule with the run.') in capsys.readouterr().err
-        assert said == noted, given
+        notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith('note: lr_decay_iters')]
+        assert [n[:len(said or '')] for n in notes] == ([said] if said else []), (given, notes)
+    train_py.main([f'--out_dir={tmp_path / "0"}', '--init_from=resume'])  # at iteration 4 of 4: nothing to note
+    assert 'lr_decay_iters' not in capsys.readouterr().err
 
 
 def test_a_resume_warns_of_log_lines_lost_since_its_checkpoint(shakespeare_char_dir, tmp_path, capsys):
@@ -393,7 +397,8 @@ def test_a_model_non_finite_before_any_step_stops_at_iteration_0_and_blames_its_
     import activations
     monkeypatch.setitem(activations.BASIS, 'gelu', lambda h: torch.log(h))  # NaN wherever h < 0
     out = str(tmp_path)
-    code, err = in_process(train_py.main, [*TINY, f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}'], capsys)
+    code, err = in_process(train_py.main, [*TINY, f'--data_dir={shakespeare_char_dir}', f'--out_dir={out}',
+                                           '--lr_decay_iters=0'], capsys)
     lines = [l for l in err.strip().splitlines() if '%' not in l]
     assert code == 3 and len(lines) == 1 and "the untrained model's validation loss is nan" in lines[0], err
     assert 'learning_rate' not in lines[0] and 'activations.py' in lines[0]
