@@ -288,8 +288,8 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None):
         """(logits, loss, terms): terms are the loss's detached terms that the log shows, {'ce', 'aux', 'z'}: the
-        cross-entropy and the MoE's load-balance and z-losses (0 in a dense GPT). Without targets: the last position's
-        logits, None, None."""
+        cross-entropy and the MoE's load-balance and z-losses, each summed over its MoE layers (0 in a dense GPT).
+        Without targets: the last position's logits, None, None."""
         B, T = idx.shape
         assert T <= self.config.block_size, f"sequence of length {T} > block_size {self.config.block_size}"
         x = self.transformer.wte(idx)

@@ -285,7 +285,7 @@ def log_record(r, steps, dt, lr):
     record = {'iter': r.iter_num, 'tokens': r.tokens, 'lr': lr, 'loss': ce, 'ms': dt * 1000.0,
               'tok_s': r.tokens_per_iter / dt, 'batch_hash': r.loader.batch_hash,
               'mfu': r.raw_model.estimate_mfu(r.tokens_per_iter // r.hw.world_size, dt, r.peak) if r.peak else None}
-    if r.raw_model.config.n_expert > 0:
+    if r.raw_model.config.n_expert > 0:  # 'loss' is the cross-entropy; aux and z are summed over the MoE layers
         record.update(loss_total=total, aux=aux, z=z)
     if r.cfg['grad_clip'] > 0:  # not finite where float16's loss scaler skipped the step (and lowered its scale)
         record['grad_norm'] = norm if math.isfinite(norm) else None
