@@ -40,15 +40,15 @@ SETTINGS = dict(
     batch_size=Key(12, 'stream id tune shown'),  # per micro-step, per process
     gradient_accumulation_steps=Key(1, 'id tune shown'),  # per process
     # AdamW
-    learning_rate=Key(6e-4, 'id shown'),
-    max_iters=Key(5000, 'id tune shown'),
+    learning_rate=Key(6e-4, 'id shown'),  # the peak rate, reached after warmup_iters
+    max_iters=Key(5000, 'id tune shown'),  # optimizer steps in all
     weight_decay=Key(1e-1, 'id tune'),
     beta1=Key(0.9, 'id tune'),
     beta2=Key(0.95, 'id tune'),
     grad_clip=Key(1.0, 'id tune'),  # clip gradients at this norm, 0 disables
     # learning-rate schedule
     schedule=Key('cosine', 'id tune shown'),  # 'cosine' | 'wsd' (warmup-stable-decay) | 'constant' (after warmup)
-    warmup_iters=Key(100, 'id tune shown'),
+    warmup_iters=Key(100, 'id tune shown'),  # a linear warmup to learning_rate
     lr_decay_iters=Key(0, 'id tune'),  # where the schedule reaches min_lr; 0 means max_iters
     decay_frac=Key(0.2, 'id tune'),  # wsd: linear decay over this last fraction of lr_decay_iters
     min_lr=Key(6e-5, 'id shown'),  # a comparison's tuning keeps its ratio to learning_rate instead
@@ -59,7 +59,7 @@ SETTINGS = dict(
     compile_mode=Key('regional'),  # 'regional' (each Block compiled; one graph serves every layer) | 'whole' (the GPT)
     peak_flops=Key(0.0),  # FLOP/s for MFU; 0 = the GPU's dense peak in the dtype by name (speed.PEAK_FLOPS), else null
     threads=Key(0),  # torch's CPU threads; 0 = OMP_NUM_THREADS where set, else half the cores (device.set_threads)
-    seed=Key(1337, 'stream id'),
+    seed=Key(1337, 'stream id'),  # of the batches' order, the init and dropout (each DDP rank adds its rank)
     # Weights & Biases (nanoGPT's keys; wandb is imported only when wandb_log is on)
     wandb_log=Key(False),  # log every log.jsonl record to wandb too (WANDB_MODE=offline works without network)
     wandb_project=Key('nanoffn'),

@@ -29,7 +29,7 @@ from machinery.grouped_matmul import expert_matmul
 
 @dataclass
 class GPTConfig:
-    block_size: int = 256
+    block_size: int = 256  # the context, in tokens
     vocab_size: int = 50257  # the real vocabulary; embeddings are padded to a multiple of 64 for fast matmuls
     n_layer: int = 6
     n_head: int = 6
@@ -46,12 +46,12 @@ class GPTConfig:
     la_init: str = "onehot"  # onehot (as the baseline: gelu, swiglu) | mean | sum | onehot:NAME; A/B: gate/up (mlp: A)
     moa_gate: str = "sigmoid"  # sigmoid | softmax | tanh | plain_sigmoid (activations.MOA_GATES)
     # toy mixture of experts (n_expert = 0: dense)
-    n_expert: int = 0
-    top_k: int = 2
+    n_expert: int = 0  # experts in each MoE layer
+    top_k: int = 2  # the experts each token is routed to
     moe_every: int = 1  # MoE in blocks 0, moe_every, 2·moe_every, …
     expert_hidden: int = 0  # 0: the dense width / top_k (to a multiple of 8): active FFN weights ≈ the dense model's
-    aux_loss_weight: float = 0.01
-    z_loss_weight: float = 0.001
+    aux_loss_weight: float = 0.01  # w_aux, the load-balance loss's weight (Switch Transformer)
+    z_loss_weight: float = 0.001  # w_z, the router z-loss's weight (ST-MoE)
 
     @property
     def padded_vocab_size(self):
