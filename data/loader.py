@@ -200,7 +200,8 @@ class DataLoader:
                              f"process(es)) is not where its {tokens} tokens end")
         if consumed % self.world_size:
             raise UserError(f"cannot resume the data stream: {consumed} micro-batches were consumed, which does not "
-                            f"split evenly over {self.world_size} processes; resume with world size {state['world_size']}.")
+                            f"split evenly over {self.world_size} processes; resume with a number of processes that "
+                            f"divides {consumed}, such as {state['world_size']}.")
         # the last batch drawn again must close the saved chain: another stream, or a dataset prepared again, does not
         # (one batch, not the whole stream, so that a resume costs no more than a step)
         last = state["rank"] + state["world_size"] * (state["step"] - 1)  # its number in the shared stream

@@ -461,7 +461,8 @@ def test_loader_resumes_exactly_and_refuses_another_stream(synthetic):
     halves = [DataLoader("toy", T, 4, 3, rank=r, world_size=2, data_dir=synthetic) for r in (0, 1)]
     for h in halves:
         batches(h, 3)
-    with pytest.raises(UserError, match="does not split evenly over 4 processes"):  # 3 x 2 micro-batches
+    with pytest.raises(UserError, match="over 4 processes; resume with a number of processes that divides 6, such as "
+                                        "2"):  # 3 x 2 micro-batches
         DataLoader("toy", T, 4, 3, rank=0, world_size=4, data_dir=synthetic).load_state_dict(
             halves[0].state_dict(), 6 * 4 * T)
 
