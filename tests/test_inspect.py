@@ -329,8 +329,9 @@ def test_the_history_is_the_logged_record_and_a_log_without_it_still_inspects(co
 
 @pytest.mark.parametrize('folder', ['empty', 'missing', 'file', 'diverged'])
 def test_missing_checkpoint_is_one_line(tmp_path, capsys, folder):
-    """An empty folder (a comparison's, say), none at all, a file, or a run that diverged before its first
-    checkpoint: there is no checkpoint, and where a comparison keeps its runs."""
+    """An empty folder (a comparison's, say), none at all, or a run that diverged before its first checkpoint: there
+    is no checkpoint, and where a comparison keeps its runs. A file (its checkpoint itself, say): its folder is the
+    run's."""
     (tmp_path / 'file').write_text('')
     (tmp_path / 'diverged').mkdir()
     (tmp_path / 'diverged' / 'diverged.txt').write_text('the training loss became non-finite\n')
@@ -338,8 +339,12 @@ def test_missing_checkpoint_is_one_line(tmp_path, capsys, folder):
         where = {'empty': '', 'missing': 'nope'}.get(folder, folder)
         run_cli(inspect_run.main, [f'--out_dir={tmp_path / where}'])
     err = capsys.readouterr().err.strip().splitlines()
+    if folder == 'file':
+        assert e.value.code == 2 and err == [f"error: --out_dir={tmp_path / 'file'} is a file; give the run's "
+                                             f"directory, e.g. {tmp_path}."]
+        return
     assert e.value.code == 2 and len(err) == 1 and 'there is no checkpoint at' in err[0]
-    hint = {'missing': 'no such folder; give the --out_dir of a run', 'file': 'a file; give the --out_dir of a run',
+    hint = {'missing': 'no such folder; give the --out_dir of a run',
             'empty': 'wait for that, or use another --out_dir',
             'diverged': 'the run diverged before its first (diverged.txt says why), so it has nothing to inspect',
             }[folder]
