@@ -51,7 +51,7 @@ BENCH_DEFAULTS = dict(
     profile_rows=15,  # rows of the profiler's table
     seed=1337,
     compile_mode="regional",  # regional (every Block) | whole (the GPT): what --compile=True compiles
-    threads=0,  # CPU threads for torch (0: torch's default); 1 keeps OpenMP threads from waiting on each other
+    threads=0,  # torch's CPU threads, as train.py's (0: OMP_NUM_THREADS where set, else half the cores)
     peak_flops=0.0,  # FLOP/s for MFU; 0 = from the GPU's name (speed.PEAK_FLOPS), else no MFU
 )
 # the model keys: GPTConfig's but ffn, at a shape where the FFN's cost shows on a CPU: the char-level GPT of
@@ -113,8 +113,7 @@ def setup(cfg):
               **{k: cfg[k] for k in (*MODEL_DEFAULTS, "batch_size", "compile_mode", "threads", "peak_flops")}}
     for v in variants:
         check({**shared, "ffn": v})
-    if cfg["threads"] > 0:  # before compiling: Inductor's C++ kernels take their OpenMP thread count then
-        device.set_threads(cfg["threads"])
+    device.set_threads(cfg["threads"])  # before compiling: Inductor's C++ kernels take their OpenMP thread count then
     dev, dtype = device.use(cfg["device"], cfg["dtype"], mps=False)  # train.py's device; auto never picks MPS
     if dtype == "float16":  # float16 trains with a loss scaler, which bench's step leaves out
         raise UserError(f"bench.py measures float32 and bfloat16, not float16 (--dtype={cfg['dtype']} on "

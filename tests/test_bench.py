@@ -107,11 +107,16 @@ def test_auto_device_never_picks_mps_which_bench_does_not_measure(monkeypatch):
 
 
 def test_bench_sets_up_the_hardware_through_train_pys_device_use(monkeypatch):
+    """train.py's device and dtype, and its threads: --threads=0 is half the cores, as a run's, not torch's one per
+    core."""
     calls, use = [], bench.device.use
     monkeypatch.setattr(bench.device, "use", lambda *a, **kw: calls.append((a, kw)) or use(*a, **kw))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(bench.device, "usable_cores", lambda: 8)
     threads = torch.get_num_threads()
     try:
-        got = bench.setup(bench.parse_args(bench.DEFAULTS, TINY + ["--dtype=float32"])[0])
+        got = bench.setup(bench.parse_args(bench.DEFAULTS, TINY + ["--dtype=float32", "--threads=0"])[0])
+        assert torch.get_num_threads() == 4
     finally:
         torch.set_num_threads(threads)
     assert calls == [(("cpu", "float32"), {"mps": False})] and got[2:] == ("cpu", "float32")
