@@ -121,7 +121,7 @@ def summarize(cfg, sizes, summaries):
                                    for r in summ['rates'].values()):  # variants at rates of their own
         out['rates'] = {v: [summ['rates'][v] for summ in summaries] for v in variants}
     points = {v: [point(size, summ, v) for size, summ in zip(sizes, summaries)] for v in variants}
-    meaningful = all(s['compiled'] == 'on' or str(s['settings']['device']).startswith('cuda') for s in summaries)
+    meaningful = all(s['compiled'] == 'on' or on_gpu(s) for s in summaries)
     for v, ps in points.items():
         out['variants'][v] = {
             'points': ps,
@@ -145,6 +145,12 @@ def point(size, summ, v):
             'gap': sv['diff_to_baseline'], 'seed_gaps': gaps,
             'gap_bootstrap_ci': stats.bootstrap_ci(gaps) if len(gaps) >= BOOTSTRAP_MIN_SEEDS else None,
             'matched': sv['matched']}
+
+
+def on_gpu(summary):
+    """Whether a size's runs all ran on a GPU, as their logs name the device ('cpu x86_64', 'mps arm', or the GPU's
+    name): --device=auto says nothing of it."""
+    return bool(summary.get('ran_on')) and not any(e['device'].startswith(('cpu ', 'mps ')) for e in summary['ran_on'])
 
 
 def multiplier(base, points, times_meaningful):

@@ -155,3 +155,11 @@ def test_a_ladder_of_variants_at_their_own_rates_names_each_ones_rate(shakespear
     md = open(os.path.join(out, 'summary.md')).read()
     assert '## Learning rate of each variant' in md
     assert '| gelu | 0.008 | 0.008 |' in md and '| relu | 0.004 | 0.004 |' in md
+
+
+def test_a_gpus_eager_times_are_not_called_a_cpus():
+    """The speedup's times are a GPU's where every run's log names a GPU, whatever --device said (auto)."""
+    gpu, cpu = ({'ran_on': [{'device': name}]} for name in ('NVIDIA H200', 'cpu x86_64'))
+    assert ladder.on_gpu(gpu) and not ladder.on_gpu(cpu) and not ladder.on_gpu({'ran_on': [*gpu['ran_on'],
+                                                                                          *cpu['ran_on']]})
+    assert not ladder.on_gpu({'ran_on': [{'device': 'mps arm'}]}) and not ladder.on_gpu({})
