@@ -229,9 +229,12 @@ def write_markdown(path, lad):
     lines += [f"| {v} | " + ' | '.join(gap(p['gap']) for p in lv['points']) + f" | {trend(lv['trend'])} |"
               for v, lv in lad['variants'].items() if v != base]
     lines += ['', '## Power law L(N) = E + A·N^(−α) per variant', '',
-              "A least-squares fit to every seed's final loss, ± one standard error; only with 4+ sizes.", '']
-    fit = lambda f: (f"E = {f['E']:.3f} ± {f['E_se']:.3f}, A = {f['A']:.3g} ± {f['A_se']:.2g}, α = {f['alpha']:.3f} ± "
-                     f"{f['alpha_se']:.3f}" if f['identifiable'] else f"not identifiable ({f['why']})")
+              "A least-squares fit to every seed's final loss, ± one standard error; only with 4+ sizes. Where E lands "
+              "on its bound 0 (no irreducible loss shows at these sizes), A's and α's errors are those of A·N^(−α), "
+              "Kaplan et al. 2020's law, given E = 0.", '']
+    e = lambda f: f"E = {f['E']:.3f} ± {f['E_se']:.3f}" if f['E_se'] is not None else "E = 0 (at its bound)"
+    fit = lambda f: (f"{e(f)}, A = {f['A']:.3g} ± {f['A_se']:.2g}, α = {f['alpha']:.3f} ± {f['alpha_se']:.3f}"
+                     if f['identifiable'] else f"not identifiable ({f['why']})")
     lines += [f"- {v}: {fit(lv['fit'])}" for v, lv in lad['variants'].items()] + multiplier_section(lad)
     lines += ['', '## Compute- and time-matched, per size', '',
               f"Seconds (and FLOPs) to reach {base}'s final loss as a multiple of {base}'s, and which way the "

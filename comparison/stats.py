@@ -88,7 +88,10 @@ def power_law_fit(n, loss):
     """Fit L(N) = E + A·N^(−α) (Kaplan et al. 2020; Hoffmann et al. 2022 add the irreducible E) by least squares
     (scipy.optimize.curve_fit) to every (N, loss) point, seeds included, as E + A'·(N/N₀)^(−α) with N₀ the sizes'
     geometric mean (well conditioned), then A = A'·N₀^α; standard errors from the fit's covariance, A's by the delta
-    method. {'identifiable': False, 'why'} with fewer than MIN_FIT_SIZES sizes or no converged, determined fit."""
+    method. Where E lands on its bound 0 (the sizes show no irreducible loss), that covariance, which assumes an inner
+    optimum, is none: E has no standard error (None), and A's and α's are those given E = 0, of the two-parameter
+    fit A·N^(−α) (Kaplan et al.'s form).
+    {'identifiable': False, 'why'} with fewer than MIN_FIT_SIZES sizes or no converged, determined fit."""
     pts = [(float(a), float(b)) for a, b in zip(n, loss) if b is not None and math.isfinite(b)]
     sizes = sorted({a for a, _ in pts})
     if len(sizes) < MIN_FIT_SIZES:
@@ -104,10 +107,15 @@ def power_law_fit(n, loss):
     if not np.all(np.isfinite(cov)):
         return {'identifiable': False, 'why': 'the fit leaves its parameters undetermined (infinite covariance)'}
     e, a1, alpha = (float(v) for v in p)
+    if e <= 1e-9 * y.min():  # on the bound: A' and α's covariance given E = 0, with its n − 2 degrees of freedom
+        dof = len(pts) - 3
+        given = np.linalg.inv(np.linalg.inv(cov)[1:, 1:]) * dof / (dof + 1)  # its residuals over n − 2, not n − 3
+        cov = np.pad(given, ((1, 0), (1, 0)), constant_values=np.nan)  # E: no standard error
     a = a1 * n0 ** alpha
     # delta method for A = A'·N₀^α: dA/dA' = N₀^α, dA/dα = A·ln N₀
     grad = np.array([n0 ** alpha, a * math.log(n0)])
-    return {'identifiable': True, 'E': e, 'A': a, 'alpha': alpha, 'E_se': float(math.sqrt(cov[0, 0])),
+    return {'identifiable': True, 'E': e, 'A': a, 'alpha': alpha, 'E_se': None if np.isnan(cov[0, 0]) else
+            float(math.sqrt(cov[0, 0])),
             'A_se': float(math.sqrt(grad @ cov[1:, 1:] @ grad)), 'alpha_se': float(math.sqrt(cov[2, 2])),
             'sizes': len(sizes), 'points': len(pts)}
 

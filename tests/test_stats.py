@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from scipy import optimize
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -25,6 +26,23 @@ def test_power_law_fit_recovers_known_parameters_within_its_uncertainty():
     for key, true in (('E', E), ('A', A), ('alpha', alpha)):
         assert abs(fit[key] - true) < 3 * fit[f'{key}_se'], (key, fit[key], true, fit[f'{key}_se'])
         assert fit[f'{key}_se'] < 0.5 * true  # an uncertainty that says something, not one that covers anything
+
+
+def test_a_fit_with_e_on_its_bound_gives_the_errors_of_the_two_parameter_law():
+    """No irreducible loss in the data (E = 0): E lands on its bound, where the three-parameter covariance means
+    nothing; E has no error, and A's and α's are those of fitting A·N^(−α) itself (scipy, by hand)."""
+    rng = np.random.default_rng(3)
+    n = np.repeat([1e4, 4e4, 1.6e5, 6.4e5], 2)  # 4 sizes x 2 seeds, as a small ladder
+    loss = 10 * n ** -0.15 * np.exp(rng.normal(0, 0.01, len(n)))
+    fit = stats.power_law_fit(n, loss)
+    assert fit['identifiable'] and fit['E'] == pytest.approx(0, abs=1e-9) and fit['E_se'] is None
+    n0 = float(np.exp(np.log([1e4, 4e4, 1.6e5, 6.4e5]).mean()))
+    (a1, alpha), cov = optimize.curve_fit(lambda x, a, b: a * x ** -b, n / n0, loss, p0=[1.0, 0.3])
+    a = a1 * n0 ** alpha
+    grad = np.array([n0 ** alpha, a * math.log(n0)])
+    assert fit['A'] == pytest.approx(a, rel=1e-4) and fit['alpha'] == pytest.approx(alpha, rel=1e-4)
+    assert fit['alpha_se'] == pytest.approx(math.sqrt(cov[1, 1]), rel=1e-3)
+    assert fit['A_se'] == pytest.approx(math.sqrt(grad @ cov @ grad), rel=1e-3)
 
 
 def test_the_compute_of_a_nearly_flat_law_is_infinite_not_an_overflow():
