@@ -101,6 +101,8 @@ def test_paired_t_test_matches_hand_computation():
     half = 4.302652729911275 * sd / math.sqrt(3)  # Student's t, 97.5% quantile, 2 degrees of freedom
     assert out['ci'] == pytest.approx([statistics.fmean(d) - half, statistics.fmean(d) + half], rel=1e-9)
     assert out['resolved'] and out['p'] < 0.05
+    t = out['t']  # two-sided: with 2 degrees of freedom, P(|T| > |t|) = 1 − |t| / sqrt(2 + t²) exactly
+    assert out['p'] == pytest.approx(1 - abs(t) / math.sqrt(2 + t * t), rel=1e-9)
     assert not stats.paired([-0.05, 0.04])['resolved']
     one = stats.paired([0.1])
     assert one['n'] == 1 and one['t'] is None and not one['resolved']

@@ -67,13 +67,19 @@ def test_fresh_seeds_follow_the_sweeps_and_hold_the_best_rate_only(tmp_path):
 
 
 def test_every_pair_is_the_paired_difference_of_its_two_variants():
-    """summary['pairs'][a][b]: a's final loss minus b's, seed by seed; the opposite pair is its negative."""
+    """summary['pairs'][a][b]: a's final loss minus b's, seed by seed; the opposite pair is its negative. Each
+    variant's std over seeds is the sample's (n − 1), and the pooled seed noise the root mean square of those."""
     rng = random.Random(1)
     loss = {(v, s): 2.0 + 0.1 * i + 0.01 * s for i, v in enumerate(('base', 'x', 'y')) for s in FRESH}
     runs = [run(v, None, s, loss[v, s], rng) for v, s in loss]
     head = dict(baseline='base', seeds=FRESH, variants=['base', 'x', 'y'], dataset='synthetic', settings={})
     shapes = {v: {'params': {}, 'scale': {'flops_per_token': 1}} for v in head['variants']}
-    pairs = report.summarize(head, runs, shapes)[0]['pairs']
+    summary = report.summarize(head, runs, shapes)[0]
+    pairs = summary['pairs']
+    finals = [[r.final() for r in runs if r.variant == v] for v in head['variants']]
+    assert [summary['variants'][v]['final_val_loss']['std'] for v in head['variants']] == pytest.approx(
+        [statistics.stdev(f) for f in finals])
+    assert summary['seed_std'] == pytest.approx(statistics.fmean(statistics.variance(f) for f in finals) ** 0.5)
     gaps = [runs[2 * len(FRESH) + i].final() - runs[len(FRESH) + i].final() for i in range(len(FRESH))]
     assert pairs['y']['x']['mean'] == pytest.approx(statistics.fmean(gaps)) == -pairs['x']['y']['mean']
     assert 0.09 < pairs['y']['x']['mean'] < 0.11
