@@ -141,15 +141,15 @@ def loss_at(x, loss, budget):
 
 def choose_rate(losses):
     """losses: {rate: [final loss per seed, None for a run that failed]}. The one-standard-error rule (Breiman et al.
-    1984, "Classification and Regression Trees"; glmnet's lambda.1se): find the rate of lowest mean over seeds, then
-    step down to smaller rates while their mean stays within one standard error of that lowest mean (SE = std/√n over
-    its seeds): rates within the seed noise of each other are tied, and the tie goes to the smaller, more stable one. A
-    rate with a failed seed is a failure, never a choice unless every rate failed. Returns 'best' (the chosen rate);
-    'lowest' (the rate of lowest mean); 'edge': 'low' when the choice is the smallest rate tried, 'high' when the
-    lowest mean is at the largest (the optimum may lie beyond), 'low and high' when the rule stepped from the largest
-    to the smallest, else None; 'margin': how decisive the choice was, the
-    gap from its mean to the next best rate's in the rule's unit, the lowest mean's standard errors (> 0: it won
-    outright; −1 to 0: it won a tie); and 'mean' and 'se' per rate, None for a failure."""
+    1984, "Classification and Regression Trees"): find the rate of lowest mean over seeds, then step down to smaller
+    rates while their mean stays within one standard error of that lowest mean (SE = std/√n over its seeds), stopping at
+    the first that is not (glmnet's lambda.1se takes the furthest within, past any outside): rates within the seed noise
+    of each other are tied, and the tie goes to the smaller, more stable one. A rate with a failed seed is a failure,
+    never a choice unless every rate failed. Returns 'best' (the chosen rate); 'lowest' (the rate of lowest mean);
+    'edge': 'low' when the choice is the smallest rate tried, 'high' when the lowest mean is at the largest (the optimum
+    may lie beyond), 'low and high' when the rule stepped from the largest to the smallest, else None; 'margin': how
+    decisive the choice was, the gap from its mean to the next best rate's in the rule's unit, the lowest mean's
+    standard errors (> 0: it won outright; −1 to 0: it won a tie); and 'mean' and 'se' per rate, None for a failure."""
     ok = lambda v: v and None not in v and all(map(math.isfinite, v))
     mean = {r: statistics.fmean(v) if ok(v) else math.inf for r, v in losses.items()}
     se = {r: statistics.stdev(v) / math.sqrt(len(v)) if ok(v) and len(v) > 1 else None for r, v in losses.items()}
