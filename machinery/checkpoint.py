@@ -32,7 +32,7 @@ def load_checkpoint(out_dir, missing_hint, mmap=False, hint=HINT):
     to do then) or, with a missing_hint saying what to do, where there is none (None without one). mmap: its tensors
     stay on disk until used (a comparison reads many checkpoints for their plain fields)."""
     path = os.path.join(out_dir, CKPT)
-    if os.path.isfile(out_dir):  # its checkpoint itself, say
+    if missing_hint is not None and os.path.isfile(out_dir):  # a user's --out_dir naming its checkpoint, say
         raise UserError(f"--out_dir={out_dir} is a file; give the run's directory, e.g. "
                         f"{os.path.dirname(out_dir) or '.'}.")
     if not os.path.exists(path):

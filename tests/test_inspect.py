@@ -351,6 +351,14 @@ def test_missing_checkpoint_is_one_line(tmp_path, capsys, folder):
     assert f"{hint} (a comparison's runs are its OUT/[SIZE/]VARIANT/[lrRATE/]seedN, SIZE a ladder's)." in err[0]
 
 
+def test_a_comparisons_run_directory_that_is_a_file_names_no_out_dir(tmp_path):
+    """A comparison's scan (no missing_hint) of a run directory that is a file: not "--out_dir=OUT/gelu/seed1 is a
+    file; give OUT/gelu", a --out_dir the user never gave; the comparison says it cannot write there, as before."""
+    from machinery.checkpoint import load_checkpoint
+    (tmp_path / 'seed1').write_text('')
+    assert load_checkpoint(str(tmp_path / 'seed1'), None) is None
+
+
 def test_a_run_on_data_prepared_again_since_is_refused_in_one_sentence(shakespeare_char_dir, tmp_path, capsys):
     """φ drawn over other data than the run's (another tokenizer's ids would fail deep in the model): refused, as a
     comparison refuses to reuse the run, by its dataset's meta.json or by the validation windows its log names."""
