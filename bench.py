@@ -102,8 +102,11 @@ def setup(cfg):
     for key in ("repeats", "profile_steps", "warmup", "vocab_size"):
         if cfg[key] < 1:
             raise UserError(f"--{key} must be at least 1, got {cfg[key]}.")
-    if cfg["profile"] and len(bare_variants(cfg["profile"], "profile")) > 1:
-        raise UserError(f"--profile takes one variant, got '{cfg['profile']}'.")
+    if cfg["profile"]:
+        named = bare_variants(cfg["profile"], "profile")
+        if len(named) > 1:
+            raise UserError(f"--profile takes one variant, got '{cfg['profile']}'.")
+        cfg["profile"] = named[0]  # as the list reads it: --profile=gelu, names gelu
     if cfg["n_expert"] and cfg["expert_hidden"]:  # the ratio to the twin would compare other FFN widths
         raise UserError("--expert_hidden sets the experts' width apart from the dense model's, so an MoE has no dense "
                         "twin of its active weights to be measured against; leave it at 0 (the dense width / top_k), "

@@ -137,6 +137,17 @@ def test_profile_shows_the_variant_against_its_baseline(capsys):
     assert rsqrt["polynorm"] - rsqrt["gelu"] == 2 * 3
 
 
+def test_a_profile_written_as_a_list_profiles_its_one_variant():
+    """--profile=polynorm, (a list's trailing comma, which the check reads past) is polynorm: it was a KeyError."""
+    threads = torch.get_num_threads()
+    try:
+        cfg, _ = bench.parse_args(bench.DEFAULTS, TINY + ["--profile=polynorm,"])
+        bench.setup(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    assert cfg["profile"] == "polynorm"
+
+
 def test_moe_rows_are_timed_against_their_dense_twin(tmp_path):
     path = tmp_path / "moe.json"
     threads = torch.get_num_threads()
