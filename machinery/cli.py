@@ -230,7 +230,8 @@ def quiet_interrupt(name):
 
 def run_cli(main, argv=None):
     """Run main(argv), ending the command as the module's docstring says: one line on stderr and an exit status for each
-    way out below. Within main, Ctrl-C is Python's KeyboardInterrupt (a run saves nothing half-written, then stops)."""
+    way out below, but a closed stdout pipe, which exits 141 quietly, as a shell tool does. Within main, Ctrl-C is
+    Python's KeyboardInterrupt (a run saves nothing half-written, then stops)."""
     quiet = signal.getsignal(signal.SIGINT) is _interrupted
     if hasattr(sys.stdout, 'reconfigure'):  # a result reaches a log file as it is printed, in order with stderr's lines
         sys.stdout.reconfigure(line_buffering=True)
