@@ -32,7 +32,7 @@ SETTINGS = dict(
     overwrite=Key(False),  # allow a scratch run to replace an existing out_dir/ckpt.pt
     always_save_checkpoint=Key(True, 'id'),  # if False, only save when val loss improves
     eval_interval=Key(250, 'id shown'),  # iterations between evaluations (+ checkpoints); the last is always evaluated
-    eval_iters=Key(20, 'stream id tune shown'),  # validation batches per evaluation (fixed windows, the same for every run)
+    eval_iters=Key(20, 'stream id tune shown'),  # validation batches per evaluation (fixed windows, alike in every run)
     log_interval=Key(10, 'id'),  # iterations between log lines
     # data
     dataset=Key('shakespeare_char', 'stream id tune shown'),

@@ -183,7 +183,8 @@ def test_resume_rejects_a_changed_data_stream_naming_what_changed_it(tiny_run, t
     config.write_text('batch_size = 8\n')
     for given, said in (('--batch_size=8', "--batch_size=8 differs from the checkpoint's 4; a resumed run keeps its "
                                            "model, data stream and validation windows, so drop --batch_size or"),
-                        ('--eval_iters=5', "--eval_iters=5 differs from the checkpoint's"),  # its best: of which windows
+                        # its best_val_loss: over which windows
+                        ('--eval_iters=5', "--eval_iters=5 differs from the checkpoint's"),
                         (str(config), f"{config} sets batch_size=8, which differs from the checkpoint's 4; a resumed "
                                       f"run keeps its model, data stream and validation windows, so resume without "
                                       f"{config} or")):
