@@ -242,16 +242,18 @@ def check(cfg):
                             f"({type(e).__name__}: {e}); pip install wandb, or drop --wandb_log.") from None
 
 
-def schedule_note(cfg):
+def schedule_note(cfg, resumed=False):
     """A note where the schedule and the run end apart, as where --max_iters changes a config's run and its
     lr_decay_iters stays: past max_iters the rate never decays to min_lr, before it the last iterations train at
-    min_lr; else None."""
+    min_lr; else None. A resume is told --lr_decay_iters=max_iters, not 0: at 0 its schedule moves from the
+    checkpoint's, and train.py's note of that would send it back to lr_decay_iters."""
     decay, end = cfg['lr_decay_iters'], cfg['max_iters']
     if cfg['schedule'] == 'constant' or decay in (0, end):
         return None
     said = (f"lies past max_iters={end}, so the rate never decays to min_lr" if decay > end else
             f"ends before max_iters={end}, so the run's last {end - decay} iterations train at min_lr")
-    return f"note: lr_decay_iters={decay} {said}; --lr_decay_iters=0 ends the schedule with the run."
+    fix = end if resumed else 0
+    return f"note: lr_decay_iters={decay} {said}; --lr_decay_iters={fix} ends the schedule with the run."
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -161,7 +161,8 @@ def set_up(cfg, checkpoint):
         if cfg['wandb_log']:  # before the old run is replaced: a wandb that cannot start leaves it as it was
             r.wandb_run = wandb_log.start(cfg, r.out_dir)
         r.log_lines = open_for_try(r.out_dir, r.saved_iter, r.saved_lines)
-        if r.iter_num < cfg['max_iters'] and (note := schedule_note(cfg)):  # e.g. --max_iters on a config
+        # e.g. --max_iters on a config; a resume with nothing left to train has nothing to note
+        if r.iter_num < cfg['max_iters'] and (note := schedule_note(cfg, resumed=checkpoint is not None)):
             print(note, file=sys.stderr)
         print(f"{cfg['dataset']} ({r.loader.meta.get('tokenizer')}, vocab {r.loader.meta['vocab_size']}): "
               f"{r.tokens_per_iter:,} tokens per iteration ({hw.world_size} process(es) x {r.accumulation} "

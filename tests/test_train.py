@@ -141,6 +141,15 @@ def test_a_schedule_that_ends_apart_from_the_run_is_noted(shakespeare_char_dir, 
         assert [n[:len(said or '')] for n in notes] == ([said] if said else []), (given, notes)
     train_py.main([f'--out_dir={tmp_path / "0"}', '--init_from=resume'])  # at iteration 4 of 4: nothing to note
     assert 'lr_decay_iters' not in capsys.readouterr().err
+    # a resume past its schedule's end (README's, to 3000 on a config decaying at 2000) is told the fix that a resume
+    # takes quietly: at --lr_decay_iters=0 the note that the checkpoint's schedule moved would send it back
+    for i, given in enumerate(([], ['--lr_decay_iters=6'])):
+        out = shutil.copytree(tmp_path / '2', tmp_path / f'resumed{i}')  # lr_decay_iters=4, at iteration 4
+        train_py.main([f'--out_dir={out}', '--init_from=resume', '--max_iters=6', *given])
+        err = capsys.readouterr().err
+        assert (("note: lr_decay_iters=4 ends before max_iters=6, so the run's last 2 iterations train at min_lr; "
+                 "--lr_decay_iters=6 ends the schedule with the run.") in err) == (not given)
+        assert 'now decays' not in err and err.count('note: lr_decay_iters') == (not given), err
 
 
 def test_a_resume_warns_of_log_lines_lost_since_its_checkpoint(shakespeare_char_dir, tmp_path, capsys):
