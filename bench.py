@@ -334,8 +334,9 @@ def main(argv):
           f"{cfg['repeats']} interleaved repeats after {cfg['warmup']} warm-up steps, load average "
           f"{report['load_average']['start'][0]:.2f} → {report['load_average']['end'][0]:.2f}\n")
     print(markdown_table(report["results"]))
-    print("\n× time, × saved, × peak: the variant's over its baseline's (vs), measured in this run; params counts "
-          "every weight, MFLOP/tok and MFU an MoE's active ones.")
+    print("\n× time, × saved (× peak on a GPU): the variant's over its baseline's (vs), measured in this run; "
+          "MoE/dense × time: an MoE's over its dense twin's; params counts every weight, MFLOP/tok (and MFU) an MoE's "
+          "active ones.")
     if cfg["json"]:
         write_json(cfg["json"], report)
         print(f"\nwrote {cfg['json']}", file=sys.stderr)
