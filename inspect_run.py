@@ -49,7 +49,9 @@ def main(argv):
     for i, layer in enumerate(report['layers']):
         moved = ', '.join(f"{short_label(n, layer['branches'])} {b['moved']:.4f} (init rms {b['init_rms']:.3f})"
                           for n, b in layer['branches'].items() if b['learnable'])
-        print(f"layer {i}: moved from init: {moved or '– (fixed activation)'}")
+        load = layer.get('expert_tokens')  # an MoE's: how evenly its router spread the tokens
+        print(f"layer {i}: moved from init: {moved or '– (fixed activation)'}"
+              + (f"; tokens per expert {min(load)} to {max(load)} (mean {sum(load) / len(load):.0f})" if load else ''))
     print(f"wrote {cfg['out_dir']}/acts.png and acts.json")
 
 

@@ -179,7 +179,7 @@ def test_inspect_takes_its_cpu_threads_as_every_command_does(shakespeare_char_di
 
 @pytest.mark.parametrize('model_args', [dict(ffn='la', la_init='mean'), dict(ffn='polynorm'), dict(ffn='moa_glu'),
                                         dict(ffn='xielu'), dict(ffn='moa', n_expert=4, top_k=2)])
-def test_moved_is_zero_at_init(shakespeare_char_dir, tmp_path, model_args):
+def test_moved_is_zero_at_init(shakespeare_char_dir, tmp_path, model_args, capsys):
     report = inspect(untrained_run(str(tmp_path / 'run'), shakespeare_char_dir, **model_args))
     for layer in report['layers']:
         for b in layer['branches'].values():
@@ -192,6 +192,11 @@ def test_moved_is_zero_at_init(shakespeare_char_dir, tmp_path, model_args):
         assert all(s == 0.0 for g in layer['gates'].values() for s in g['std'])  # MoA starts as LA: c_k(x) = α_k
         # the gates are a token's, shared by its experts: each token counted once, in an MoE too
         assert all(sum(g['entropy_counts']) == 4 * 32 for g in layer['gates'].values())
+    if model_args.get('n_expert'):  # inspect_run says how evenly the router spread the tokens, layer by layer
+        inspect_run.main([f"--out_dir={tmp_path / 'run'}"])
+        out = capsys.readouterr().out
+        assert all(f"tokens per expert {min(n)} to {max(n)} (mean 64)" in out
+                   for n in (layer['expert_tokens'] for layer in report['layers']))
 
 
 def test_moved_after_training(compared):
