@@ -84,6 +84,16 @@ def power_law(n, e, a, alpha):
     return e + a * np.power(n, -alpha)
 
 
+def fit_without_e(x, y, a1, alpha):
+    """The least-squares A'·x^(−α) (E = 0) from (a1, alpha): ((A', α), its covariance), or None where it fails."""
+    try:
+        q, cov = optimize.curve_fit(lambda t, a, b: power_law(t, 0.0, a, b), x, y, p0=[a1, alpha],
+                                    bounds=([0, 0], [np.inf, 5]), maxfev=20000)
+    except (RuntimeError, ValueError):
+        return None
+    return ((float(q[0]), float(q[1])), cov) if np.all(np.isfinite(cov)) else None
+
+
 def power_law_fit(n, loss):
     """Fit L(N) = E + A·N^(−α) (Kaplan et al. 2020; Hoffmann et al. 2022 add the irreducible E) by least squares
     (scipy.optimize.curve_fit) to every (N, loss) point, seeds included, as E + A'·(N/N₀)^(−α) with N₀ the sizes'
@@ -107,10 +117,16 @@ def power_law_fit(n, loss):
     if not np.all(np.isfinite(cov)):
         return {'identifiable': False, 'why': 'the fit leaves its parameters undetermined (infinite covariance)'}
     e, a1, alpha = (float(v) for v in p)
+    sse = lambda *q: float(np.sum((power_law(x / n0, *q) - y) ** 2))
     if e <= 1e-9 * y.min():  # on the bound: A' and α's covariance given E = 0, with its n − 2 degrees of freedom
         dof = len(pts) - 3
         given = np.linalg.inv(np.linalg.inv(cov)[1:, 1:]) * dof / (dof + 1)  # its residuals over n − 2, not n − 3
         cov = np.pad(given, ((1, 0), (1, 0)), constant_values=np.nan)  # E: no standard error
+    elif (np.sum(power_law(x / n0, *p) - y) > 0 and (law := fit_without_e(x / n0, y, a1, alpha))
+          and sse(0.0, *law[0]) <= sse(*p)):
+        # E pushed towards 0 (the residuals' sum is the slope of half the squared error in E) but held above it by the
+        # solver's tolerance (trf stays inside its bounds), and A·N^(−α) fits at least as well: on the bound too
+        e, (a1, alpha), cov = 0.0, law[0], np.pad(law[1], ((1, 0), (1, 0)), constant_values=np.nan)
     a = a1 * n0 ** alpha
     # delta method for A = A'·N₀^α: dA/dA' = N₀^α, dA/dα = A·ln N₀
     grad = np.array([n0 ** alpha, a * math.log(n0)])

@@ -45,6 +45,25 @@ def test_a_fit_with_e_on_its_bound_gives_the_errors_of_the_two_parameter_law():
     assert fit['A_se'] == pytest.approx(math.sqrt(grad @ cov @ grad), rel=1e-3)
 
 
+@pytest.mark.parametrize('e_true, noise, seed', [(0.0, 0.005, 54), (1.0, 0.05, 88)])
+def test_a_fit_held_just_above_its_bound_by_the_solver_is_on_it(e_true, noise, seed):
+    """trf stays inside its bounds: here it stops with E a little above 0 (4e-9, 6e-4) though the best E >= 0 is 0
+    (unbounded, E < 0). E is still on its bound: no error, and A and α those of A·N^(−α), not the three-parameter
+    covariance's errors of an inner optimum."""
+    sizes = np.array([3120, 12384, 24736, 98624.])  # the shipped CPU ladder's N, 2 seeds each
+    n, n0 = np.repeat(sizes, 2), float(np.exp(np.log(sizes).mean()))
+    loss = e_true + 10 * n ** -0.15 * np.exp(np.random.default_rng(seed).normal(0, noise, len(n)))
+    p0 = [0.9 * loss.min(), loss.max() - 0.9 * loss.min(), 0.3]
+    held = optimize.curve_fit(stats.power_law, n / n0, loss, p0=p0, bounds=([0, 0, 0], [np.inf, np.inf, 5]))[0][0]
+    free = optimize.curve_fit(stats.power_law, n / n0, loss, p0=p0, maxfev=20000)[0][0]
+    assert held > 1e-9 * loss.min() and free < 0  # the case: held above the bound, the optimum below it
+    fit = stats.power_law_fit(n, loss)
+    assert fit['E'] == 0 and fit['E_se'] is None
+    (a1, alpha), cov = optimize.curve_fit(lambda x, a, b: a * x ** -b, n / n0, loss, p0=[1.0, 0.3])
+    assert fit['alpha'] == pytest.approx(alpha, rel=1e-6) and fit['alpha_se'] == pytest.approx(math.sqrt(cov[1, 1]),
+                                                                                               rel=1e-4)
+
+
 def test_the_compute_of_a_nearly_flat_law_is_infinite_not_an_overflow():
     assert stats.compute_for_loss({'A': 15.8, 'E': 0.0, 'alpha': 0.002}, 3.4) == math.inf
 
