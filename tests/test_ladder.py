@@ -163,3 +163,19 @@ def test_a_gpus_eager_times_are_not_called_a_cpus():
     assert ladder.on_gpu(gpu) and not ladder.on_gpu(cpu) and not ladder.on_gpu({'ran_on': [*gpu['ran_on'],
                                                                                           *cpu['ran_on']]})
     assert not ladder.on_gpu({'ran_on': [{'device': 'mps arm'}]}) and not ladder.on_gpu({})
+
+
+@pytest.mark.parametrize('devices, meaningful', [(['NVIDIA H200'], True), (['NVIDIA H200', 'cpu x86_64'], False)])
+def test_the_ladders_speedup_reads_the_device_from_the_runs_logs(monkeypatch, devices, meaningful):
+    """summarize asks on_gpu, not --device (auto here), whether eager times are a GPU's."""
+    said = []
+    monkeypatch.setattr(ladder, 'point', lambda size, summ, v: {'N': size['N'], 'seed_gaps': [0.0, 0.0],
+                                                               'seed_losses': [2.0, 2.1]})
+    monkeypatch.setattr(ladder, 'multiplier', lambda base, ps, times_meaningful: said.append(times_meaningful))
+    summ = {'variants': {'gelu': {'tokens': 64}, 'relu': {'tokens': 64}}, 'baseline': 'gelu', 'seeds': [1, 2],
+            'dataset': 'x', 'rates': {}, 'compiled': 'off', 'settings': {'device': 'auto'},
+            'ran_on': [{'device': d} for d in devices]}
+    sizes = [{'name': f'1x{w}', 'n_layer': 1, 'n_embd': w, 'n_head': 1, 'N': w, 'settings': {}} for w in (16, 32)]
+    cfg = {'tokens_per_param': 0, 'max_iters': 4, 'lr_rule': 'fixed', 'learning_rate': 1e-3}
+    ladder.summarize(cfg, sizes, [summ, summ])
+    assert said == [meaningful]
