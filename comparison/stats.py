@@ -118,14 +118,11 @@ def power_law_fit(n, loss):
         return {'identifiable': False, 'why': 'the fit leaves its parameters undetermined (infinite covariance)'}
     e, a1, alpha = (float(v) for v in p)
     sse = lambda *q: float(np.sum((power_law(x / n0, *q) - y) ** 2))
-    if e <= 1e-9 * y.min():  # on the bound: A' and α's covariance given E = 0, with its n − 2 degrees of freedom
-        dof = len(pts) - 3
-        given = np.linalg.inv(np.linalg.inv(cov)[1:, 1:]) * dof / (dof + 1)  # its residuals over n − 2, not n − 3
-        cov = np.pad(given, ((1, 0), (1, 0)), constant_values=np.nan)  # E: no standard error
-    elif (np.sum(power_law(x / n0, *p) - y) > 0 and (law := fit_without_e(x / n0, y, a1, alpha))
-          and sse(0.0, *law[0]) <= sse(*p)):
-        # E pushed towards 0 (the residuals' sum is the slope of half the squared error in E) but held above it by the
-        # solver's tolerance (trf stays inside its bounds), and A·N^(−α) fits at least as well: on the bound too
+    # E on its bound 0, or held just above it by the solver (trf stays inside its bounds) while the squared error still
+    # falls towards it (the residuals' sum is half its slope in E): where A·N^(−α) fits as well, that is the law, and
+    # its covariance the one that means something (E: no standard error)
+    if ((e <= 1e-9 * y.min() or np.sum(power_law(x / n0, *p) - y) > 0)
+            and (law := fit_without_e(x / n0, y, a1, alpha)) and sse(0.0, *law[0]) <= sse(*p) * (1 + 1e-9)):
         e, (a1, alpha), cov = 0.0, law[0], np.pad(law[1], ((1, 0), (1, 0)), constant_values=np.nan)
     a = a1 * n0 ** alpha
     # delta method for A = A'·N₀^α: dA/dA' = N₀^α, dA/dα = A·ln N₀
