@@ -128,7 +128,7 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
         cfg, iter_num = ckpt['config'], ckpt['iter_num']
         data_dir = data_dir or cfg['data_dir']
         meta, val_hash = data_now({**cfg, 'data_dir': data_dir})  # as a comparison reads it (its scan's, cached)
-        # the windows its checkpoint's evaluation scored (a resume may have evaluated others since, and saved nothing)
+        # the windows its checkpoint's evaluation scored, as logged at its iteration (a later line is a later try's)
         logged = next((r['val_hash'] for r in log if r['iter'] == iter_num and 'val_hash' in r), None)
         if ckpt['meta'] != meta or logged not in (None, val_hash):
             raise UserError(f"{os.path.join(data_dir, cfg['dataset'])} holds other data than {out_dir} trained on "
