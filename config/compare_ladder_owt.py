@@ -2,7 +2,9 @@
 #   python data/openwebtext/prepare.py --subsets=0-2 && python compare.py config/compare_ladder_owt.py
 # Tokens: 20 per non-embedding parameter (63M to 1.70B). Time: an ESTIMATE, never measured: ~6 hours for 1 seed.
 
-exec(open('config/owt.py').read())  # GPT-2 small's recipe (run from the repo root, as every config)
+import os
+
+exec(open(os.path.join(os.path.dirname(__file__), 'owt.py')).read())  # GPT-2 small's recipe
 
 out_dir = 'out-ladder-owt'
 variants = 'gelu,swiglu,polynorm,moa'

@@ -2,7 +2,9 @@
 #   python data/openwebtext/prepare.py && python compare.py config/compare_owt_dense.py   # --seeds=2: seed noise too
 # Tokens: 197M per run, as owt_quick. Time: an ESTIMATE, never measured: ~4-5 minutes per run, ~40 in all.
 
-exec(open('config/owt_quick.py').read())  # the dense recipe (run from the repo root, as every config)
+import os
+
+exec(open(os.path.join(os.path.dirname(__file__), 'owt_quick.py')).read())  # the dense recipe
 
 out_dir = 'out-compare-owt-dense'
 variants = 'gelu,relu2,swiglu,polyrelu,polynorm,la,moa,moa_glu'

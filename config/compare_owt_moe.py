@@ -2,7 +2,9 @@
 #   python data/openwebtext/prepare.py && python compare.py config/compare_owt_moe.py
 # Tokens: 197M per run, as dense. Time: an ESTIMATE, never measured: ~2x the dense per-run time, ~1 hour in all.
 
-exec(open('config/compare_owt_dense.py').read())
+import os
+
+exec(open(os.path.join(os.path.dirname(__file__), 'compare_owt_dense.py')).read())
 out_dir = 'out-compare-owt-moe'
 variants = 'gelu,swiglu,polynorm,la,moa,moa_glu'
 n_expert = 8

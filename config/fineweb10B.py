@@ -3,7 +3,9 @@
 # Tokens: 10.0B, llm.c's GPT-2 (124M) budget. Time: about 6.5 hours on one H200, an ESTIMATE from bench.py's 429k
 # tokens/s at this shape (BENCHMARKS.md, GPU), evaluation left out.
 
-exec(open('config/owt.py').read())  # GPT-2 small and its AdamW recipe (run from the repo root, as every config)
+import os
+
+exec(open(os.path.join(os.path.dirname(__file__), 'owt.py')).read())  # GPT-2 small and its AdamW recipe
 out_dir = 'out-fineweb10B'
 dataset = 'fineweb10B'
 eval_iters = 200  # 200 x 16 x 1024 = 3.3M validation tokens of fineweb_val_000000.bin, the same for every run

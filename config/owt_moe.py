@@ -2,7 +2,9 @@
 #   python train.py config/owt_moe.py   # against: python train.py config/owt_quick.py --out_dir=out-owt-dense
 # Tokens: 197M, as owt_quick. Time: an ESTIMATE, never measured: budget ~2x owt_quick's wall time.
 
-exec(open('config/owt_quick.py').read())
+import os
+
+exec(open(os.path.join(os.path.dirname(__file__), 'owt_quick.py')).read())
 out_dir = 'out-owt-moe'
 n_expert = 8
 top_k = 2

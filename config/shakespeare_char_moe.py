@@ -3,7 +3,9 @@
 #   python train.py config/shakespeare_char_moe.py --out_dir=out-sc-moe
 # Tokens: as config/shakespeare_char.py. MoE against dense step time (bench.py --n_expert=8): BENCHMARKS.md.
 
-exec(open('config/shakespeare_char.py').read())
+import os
+
+exec(open(os.path.join(os.path.dirname(__file__), 'shakespeare_char.py')).read())
 out_dir = 'out-shakespeare-char-moe'
 n_expert = 8
 top_k = 2

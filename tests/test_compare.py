@@ -26,7 +26,8 @@ sys.path.insert(0, REPO)
 
 from test_hostile import call
 import compare
-from machinery import files, fingerprint, progress, run_log
+import configurator
+from machinery import cli, files, fingerprint, progress, run_log
 from comparison import report, runs
 from machinery.cli import RunStopped, UserError, run_cli
 from comparison.runs import tuning_key
@@ -491,6 +492,17 @@ def test_a_bundled_dataset_is_prepared_on_demand(tmp_path):
         compare.check_dataset(cfg)
     assert {n: open(tmp_path / 'shakespeare_char' / n, 'rb').read() for n in os.listdir(tmp_path / 'shakespeare_char')} \
         == before
+
+
+@pytest.mark.parametrize('name', sorted(os.listdir(os.path.join(REPO, 'config'))))
+def test_every_shipped_config_reads_from_any_working_directory(name, tmp_path, monkeypatch):
+    """A config that builds on another finds it beside itself, not in the folder the command was started from."""
+    monkeypatch.chdir(tmp_path)
+    path = os.path.join(REPO, 'config', name)
+    if name.startswith(('compare_', 'sweep_', 'ablate_')):
+        compare.settings([path, '--plan'])
+    else:
+        cli.parse_args(configurator.DEFAULTS, [path], types=configurator.TYPES)
 
 
 @pytest.mark.parametrize('name', ['compare_shakespeare_char', 'sweep_shakespeare_char', 'compare_owt_dense',
