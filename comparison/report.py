@@ -408,8 +408,9 @@ def write_markdown(path, summary):
                 ' (code: a fingerprint of activations.py and model.py, comments and docstrings aside).'),
              '', table(summary), '',
              f"Final val loss: the last evaluation's. Δ: the difference to {summary['baseline']}, paired by seed (same "
-             f"batches); resolved: a paired t-test at 95% (Student's t, n−1 dof). tok/s: median over log lines; train "
-             f"time: optimizer steps only, {times_note(summary)}. params: total (tied embedding once)"
+             f"batches); resolved: a paired t-test at 95% (Student's t, n−1 dof). tok/s: each run's median over its "
+             f"log lines, averaged over seeds; train time: optimizer steps only, {times_note(summary)}. params: total "
+             f"(tied embedding once)"
              + ("; active: those a token computes with (its top_k experts)" * any(
                  s['params']['active'] != s['params']['total'] for s in summary['variants'].values()))
              + "; FFN: W_up/W_gate/W_down (all experts); extras: learned activation coefficients and MoA gates, all "
