@@ -206,8 +206,10 @@ class DataLoader:
         # (one batch, not the whole stream, so that a resume costs no more than a step)
         last = state["rank"] + state["world_size"] * (state["step"] - 1)  # its number in the shared stream
         if state["step"] and chain(state["prev_hash"], self._windows(last)) != state["batch_hash"]:
-            raise ValueError("its data stream's batch_hash is not that of the batch before its position (another "
-                             "stream, or the dataset was prepared again)")
+            # its meta.json matched (train.py checks it first), so the same settings read other tokens: the data's fault
+            raise UserError(f"{self.dataset}'s shards are not those this run trained on (its last batch, drawn again, "
+                            f"differs: prepared again, from other text or with another --shard_tokens?); resume with "
+                            f"the data it trained on, or train a new run in another out_dir.")
         self.step = consumed // self.world_size
         self.batch_hash, self.prev_hash = state["batch_hash"], state["prev_hash"]
 

@@ -244,6 +244,24 @@ def test_resume_refuses_a_dataset_prepared_again(tiny_run, tmp_path, capsys, cha
     assert len(err.strip().splitlines()) == 1
 
 
+def test_resume_refuses_other_text_under_the_same_meta_json(tiny_run, tmp_path, capsys):
+    """The same vocabulary and token counts over other text (a typo fixed, files renamed): the resumed stream's last
+    batch, drawn again, is another, and the sentence says the data are not the run's (not that its checkpoint is
+    damaged)."""
+    from data.shards import open_shard
+    from data.write import write_shard
+    data, out = tiny_run
+    data_copy, run_dir = tmp_path / 'data', str(tmp_path / 'run')
+    shutil.copytree(data, data_copy)
+    shutil.copytree(out, run_dir)
+    shard = str(data_copy / 'shakespeare_char' / 'train_000.bin')
+    write_shard(shard, open_shard(shard)[::-1].copy())  # the same characters, in another order
+    code, err = in_process(train_py.main, [f'--out_dir={run_dir}', '--init_from=resume', '--max_iters=5',
+                                           f'--data_dir={data_copy}'], capsys)
+    assert code == 2 and err.startswith("error: shakespeare_char's shards are not those this run trained on")
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_a_new_run_sets_the_old_logs_damaged_lines_aside_and_its_pictures_go(tiny_run, tmp_path):
     """Trained again over an old run (--overwrite, or by compare.py), a damaged line of the old log is kept; the old
     run's acts.png and acts.json (inspect_run.py's) go, as they would stand beside the new run's log."""
