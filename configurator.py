@@ -199,6 +199,8 @@ def check(cfg):
             raise UserError(f"--{key} expects {' or '.join(choices)}, got '{cfg[key]}'.")
     if not cfg['out_dir'].strip():
         raise UserError("--out_dir is empty; give the run's directory, e.g. --out_dir=out-gelu.")
+    if not cfg['dataset'].strip():
+        raise UserError("--dataset is empty; name a prepared dataset, e.g. --dataset=shakespeare_char.")
     if os.path.exists(cfg['out_dir']) and not os.path.isdir(cfg['out_dir']):
         raise UserError(f"--out_dir={cfg['out_dir']} is a file, not a directory; choose another --out_dir.")
     for key in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters',

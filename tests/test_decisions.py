@@ -664,6 +664,7 @@ REFUSED_SETTINGS = [
     (dict(schedule='linear'), "--schedule expects cosine or wsd or constant, got 'linear'."),
     (dict(compile_mode='all'), "--compile_mode expects regional or whole, got 'all'."),
     (dict(out_dir=' '), "--out_dir is empty; give the run's directory, e.g. --out_dir=out-gelu."),
+    (dict(dataset=''), "--dataset is empty; name a prepared dataset, e.g. --dataset=shakespeare_char."),
     (dict(batch_size=0), "--batch_size must be at least 1, got 0."),
     (dict(n_embd=0), "--n_embd must be at least 1, got 0."),
     (dict(max_iters=-1), "--max_iters must not be negative, got -1."),
