@@ -119,7 +119,9 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
         hint = (f"the run diverged before its first ({DIVERGED} says why), so it has nothing to inspect"
                 if os.path.exists(os.path.join(out_dir, DIVERGED)) else
                 "a run writes it at its first evaluation after a step: wait for that, or use another --out_dir"
-                if os.path.isdir(out_dir) else "no such folder; give the --out_dir of a run")
+                if os.path.exists(os.path.join(out_dir, LOG)) else  # a run has started there
+                "no run has started there; give the --out_dir of a run" if os.path.isdir(out_dir) else
+                "no such folder; give the --out_dir of a run")
         ckpt = load_checkpoint(out_dir, f"{hint} ({RUN_DIRS}).")
     path = os.path.join(out_dir, CKPT)
     model = checkpoint_model(ckpt, path, lambda args: GPT(GPTConfig(**args))).to(device).eval()

@@ -9,6 +9,7 @@ it as it loads (load_state_dict(strict=True), the RNG setters, the data loader's
 becomes one sentence naming the file. Nothing on disk changes before a resume has loaded everything (run_log.py's
 open_for_try).
 """
+import glob
 import os
 
 import torch
@@ -20,6 +21,14 @@ CKPT = 'ckpt.pt'
 HINT = 'train the run again, or point --out_dir at the right run directory'
 # where a missing checkpoint may be
 RUN_DIRS = "a comparison's runs are its OUT/[SIZE/]VARIANT/[lrRATE/]seedN, SIZE a ladder's"
+
+
+def a_run_below(out_dir):
+    """A run directory (one holding ckpt.pt) in the folders below out_dir, as a comparison keeps its runs, or None."""
+    for depth in range(1, 5):  # OUT/[SIZE/]VARIANT/[lrRATE/]seedN
+        if found := sorted(glob.glob(os.path.join(glob.escape(out_dir), *['*'] * depth, CKPT))):
+            return os.path.dirname(found[0])
+    return None
 
 
 def loading(path, hint=HINT):
@@ -38,6 +47,8 @@ def load_checkpoint(out_dir, missing_hint, mmap=False, hint=HINT):
     if not os.path.exists(path):
         if missing_hint is None:
             return None
+        if run := a_run_below(out_dir):  # a comparison's folder, say: its runs are below it
+            missing_hint = f"{out_dir} holds runs in the folders below it: give one of them, e.g. --out_dir={run}."
         raise UserError(f"there is no checkpoint at {path}; {missing_hint}")
     with loading(path, hint):
         ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=mmap)

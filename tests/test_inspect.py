@@ -332,16 +332,21 @@ def test_the_history_is_the_logged_record_and_a_log_without_it_still_inspects(co
     assert os.path.getsize(os.path.join(run, 'acts.png')) > 10_000
 
 
-@pytest.mark.parametrize('folder', ['empty', 'missing', 'file', 'diverged'])
+@pytest.mark.parametrize('folder', ['empty', 'started', 'comparison', 'missing', 'file', 'diverged'])
 def test_missing_checkpoint_is_one_line(tmp_path, capsys, folder):
-    """An empty folder (a comparison's, say), none at all, or a run that diverged before its first checkpoint: there
-    is no checkpoint, and where a comparison keeps its runs. A file (its checkpoint itself, say): its folder is the
-    run's."""
+    """An empty folder, a run started before its first checkpoint (its log.jsonl only), a comparison's folder (its runs
+    below it), none at all, or a run that diverged before its first checkpoint: there is no checkpoint, and where a
+    comparison keeps its runs, or one of them. A file (its checkpoint itself, say): its folder is the run's."""
     (tmp_path / 'file').write_text('')
+    (tmp_path / 'empty').mkdir()
+    (tmp_path / 'started').mkdir()
+    (tmp_path / 'started' / 'log.jsonl').write_text('')
+    (tmp_path / 'comparison' / 'gelu' / 'seed1340').mkdir(parents=True)
+    (tmp_path / 'comparison' / 'gelu' / 'seed1340' / 'ckpt.pt').write_text('')
     (tmp_path / 'diverged').mkdir()
     (tmp_path / 'diverged' / 'diverged.txt').write_text('the training loss became non-finite\n')
     with pytest.raises(SystemExit) as e:
-        where = {'empty': '', 'missing': 'nope'}.get(folder, folder)
+        where = {'missing': 'nope'}.get(folder, folder)
         run_cli(inspect_run.main, [f'--out_dir={tmp_path / where}'])
     err = capsys.readouterr().err.strip().splitlines()
     if folder == 'file':
@@ -349,8 +354,12 @@ def test_missing_checkpoint_is_one_line(tmp_path, capsys, folder):
                                              f"directory, e.g. {tmp_path}."]
         return
     assert e.value.code == 2 and len(err) == 1 and 'there is no checkpoint at' in err[0]
+    if folder == 'comparison':  # not "wait for that": its runs have theirs
+        assert err[0].endswith(f"give one of them, e.g. --out_dir={tmp_path / 'comparison' / 'gelu' / 'seed1340'}.")
+        return
     hint = {'missing': 'no such folder; give the --out_dir of a run',
-            'empty': 'wait for that, or use another --out_dir',
+            'empty': 'no run has started there; give the --out_dir of a run',
+            'started': 'wait for that, or use another --out_dir',
             'diverged': 'the run diverged before its first (diverged.txt says why), so it has nothing to inspect',
             }[folder]
     assert f"{hint} (a comparison's runs are its OUT/[SIZE/]VARIANT/[lrRATE/]seedN, SIZE a ladder's)." in err[0]

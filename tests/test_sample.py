@@ -60,6 +60,17 @@ def test_sample_rejects_characters_outside_the_vocabulary(tiny_run, capsys):
     assert "'é' is not in this dataset's vocabulary" in err and 'give a --start prompt of those characters' in err
 
 
+def test_a_comparisons_folder_is_answered_with_one_of_its_runs(tmp_path, capsys):
+    """Not "train one first": a comparison's --out_dir holds its runs in the folders below it, so one is named."""
+    run_dir = tmp_path / 'out-mine' / 'gelu' / 'lr0.008' / 'seed1340'
+    run_dir.mkdir(parents=True)
+    (run_dir / 'ckpt.pt').write_text('')
+    code, err = in_process(sample.main, [f"--out_dir={tmp_path / 'out-mine'}", '--device=cpu'], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        f"error: there is no checkpoint at {tmp_path / 'out-mine' / 'ckpt.pt'}; {tmp_path / 'out-mine'} holds runs in "
+        f"the folders below it: give one of them, e.g. --out_dir={run_dir}."]
+
+
 @pytest.mark.parametrize('arg, example', [('--start', '--start=VALUE'), ('-x', '--out_dir=VALUE')])
 def test_an_argument_without_its_value_is_shown_with_a_key_sample_has(arg, example, capsys):
     code, err = in_process(sample.main, [arg], capsys)  # not train.py's --n_layer, which sample.py does not take
