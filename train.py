@@ -116,6 +116,9 @@ def set_up(cfg, checkpoint):
     if checkpoint is None and os.path.exists(r.ckpt_path) and not cfg['overwrite']:
         raise UserError(f"{r.ckpt_path} already exists; resume it with --init_from=resume, choose another --out_dir, "
                         f"or pass --overwrite=True to replace it.")
+    if os.path.exists(os.path.join(r.out_dir, 'summary.json')):  # a run there would delete the comparison's acts.png
+        raise UserError(f"{r.out_dir} holds a comparison (its summary.json), whose pictures a run there would replace; "
+                        f"choose another --out_dir.")
     for seed in (random.seed, np.random.seed, torch.manual_seed):  # each rank its own (dropout); DDP broadcasts
         seed(cfg['seed'] + hw.rank)  # rank 0's initial weights
     # the data: this rank's stream of batches, and the validation windows every run on the dataset is scored on

@@ -279,6 +279,19 @@ def test_a_new_run_sets_the_old_logs_damaged_lines_aside_and_its_pictures_go(tin
     assert not any(os.path.exists(os.path.join(run_dir, name)) for name in run_log.PICTURES)
 
 
+def test_a_run_into_a_comparisons_folder_is_refused_before_its_pictures_go(tiny_run, tmp_path, capsys):
+    """--out_dir=out-mine, a comparison's: its summary.md shows acts.png, which a new run there would delete."""
+    data, _ = tiny_run
+    for name in ('summary.json', *run_log.PICTURES):
+        (tmp_path / name).write_text('of the comparison')
+    code, err = in_process(train_py.main, [*TINY, f'--data_dir={data}', f'--out_dir={tmp_path}', '--max_iters=2'],
+                           capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        f"error: {tmp_path} holds a comparison (its summary.json), whose pictures a run there would replace; choose "
+        f"another --out_dir."]
+    assert all((tmp_path / name).read_text() == 'of the comparison' for name in run_log.PICTURES)
+
+
 def test_checkpoint_contents(tiny_run):
     _, out = tiny_run
     ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)  # plain data: loads without pickle code
