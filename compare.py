@@ -29,6 +29,7 @@ import configurator
 from configurator import TYPES, check, keys_that, schedule_note
 from comparison import acts, ladder, placement, plots, report, stats
 from machinery.cli import RunStopped, Terminated, UserError, parse_args, run_cli, split_arg, split_list
+from machinery.checkpoint import CKPT
 from machinery.device import resolve_device, resolve_dtype
 from machinery.speed import compile_cache_dir
 from machinery.files import check_writable, ctrl_c_held, remove_dead_temps, write_json
@@ -645,6 +646,9 @@ def raise_terminated(signum, frame):
 
 def main(argv):
     cfg = settings(argv)
+    if os.path.exists(os.path.join(cfg['out_dir'], CKPT)):  # a run's: a comparison there would replace its acts.png
+        raise UserError(f"{cfg['out_dir']} holds a run (its {CKPT}), whose pictures a comparison there would replace; "
+                        f"choose another --out_dir.")
     if cfg['sizes']:
         return run_ladder(cfg)
     if cfg['tokens_per_param'] or cfg['lr_rule'] != 'fixed':

@@ -247,6 +247,18 @@ def test_user_mistakes(extra, words, shakespeare_char_dir, tmp_path, capsys):
     assert not os.path.exists(tmp_path / 'cmp' / 'gelu')
 
 
+def test_a_comparison_into_a_runs_folder_is_refused_before_its_pictures_go(shakespeare_char_dir, tmp_path, capsys):
+    """--out_dir=out-pn, a train.py run's: its acts.png and acts.json (inspect_run.py's) would be the comparison's."""
+    for name in ('ckpt.pt', 'acts.png', 'acts.json'):
+        (tmp_path / name).write_text('of the run')
+    with pytest.raises(SystemExit) as e:
+        run_cli(compare.main, args(shakespeare_char_dir, str(tmp_path)))
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        f"error: {tmp_path} holds a run (its ckpt.pt), whose pictures a comparison there would replace; choose another "
+        f"--out_dir."]
+    assert (tmp_path / 'acts.png').read_text() == 'of the run' and not os.path.exists(tmp_path / 'gelu')
+
+
 def test_a_hundred_seeds_are_a_comparison():
     cfg = compare.settings(['--seeds=100', '--lrs=1e-3,2e-3', '--learning_rate=1e-3', '--device=cpu'])
     comp = compare.check_comparison(cfg)
