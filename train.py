@@ -77,7 +77,7 @@ def get_lr(it, cfg):
     if cfg['schedule'] == 'cosine':
         ratio = (it - warmup) / max(1, decay_iters - warmup)
         return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
-    # wsd: stable at lr, then a linear ramp to min_lr over the last decay_frac of the run
+    # wsd: stable at lr, then a linear ramp to min_lr over the last decay_frac of decay_iters (the run, by default)
     decay_start = max(warmup, decay_iters - int(round(cfg['decay_frac'] * decay_iters)))
     if it < decay_start:
         return lr
