@@ -3,8 +3,9 @@ Writing files so that a failure loses nothing, reading a JSON object back (read_
 write left.
 
 Every file is written into a temporary file beside its place, synced and renamed over it, so a kill, a full disk or a
-read-only folder leaves what was there before intact and no temporary file behind; a failure to write stops the
-command with one sentence (RunStopped, exit status 3). Appending (log.jsonl, run_log.py) is the one exception.
+read-only folder leaves what was there before intact; a failed write removes its temporary file, and one that a killed
+process left is removed later (remove_dead_temps). A failure to write stops the command with one sentence
+(RunStopped, exit status 3). Appending (log.jsonl, run_log.py) is the one exception.
 """
 import json
 import os
