@@ -18,7 +18,7 @@ from machinery.files import read_json
 from model import GPTConfig
 
 Key = namedtuple('Key', 'default what type', defaults=('', None))  # type None: its default's
-M = GPTConfig()  # the model's keys are GPTConfig's fields, and keep its defaults
+M = GPTConfig()  # the model's keys are GPTConfig's fields, and keep its defaults but vocab_size's (0: the dataset's)
 # Every key a run takes: its default, and what it is (words): model (a field of GPTConfig), stream (it fixes the
 # training batches or the validation windows: a resume keeps it), id (part of what a run is; where it lives, how it
 # starts and runs, its threads, whether it is compiled, MFU's FLOP/s and the experiment tracking are not), tune (what a
