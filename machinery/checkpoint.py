@@ -61,11 +61,11 @@ def checkpoint_model(ckpt, path, build):
     a model larger than its weights are refused before that memory is taken. A checkpoint only ever holds finite
     weights. Where it was trained with other code than the GPT's now (an edited activation), a failure says so."""
     if ckpt.get('code') in (None, code_hash()):
-        where = loading(path)
+        guard = loading(path)
     else:  # the likely cause of a failure
-        where = reading(path, 'restore the code it was trained with, or train the run again',
+        guard = reading(path, 'restore the code it was trained with, or train the run again',
                         f"it was trained with {OTHER_CODE}")
-    with where:
+    with guard:
         weights = ckpt['model']
         with torch.device('meta'):
             size = sum(p.numel() for p in build(ckpt['model_args']).parameters())
