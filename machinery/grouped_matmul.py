@@ -5,10 +5,11 @@ sees one opaque node with a known output shape: Inductor's fake-tensor rule for 
 loop needs the group sizes on the host (a sync, and a graph break). Inside the op both are plain eager code.
 
 Where a host sync remains: the loop reads the group sizes on the host, one sync per call (each expert matrix once
-forward and twice backward: 9 per gated MoE layer and micro-step). On CUDA that is every GPU but Hopper (compute capability 9.0) and, from torch
-2.10, datacenter Blackwell (10.x), and every dtype but bf16: an A100, RTX 4090, L4 or RTX 50xx (12.0) syncs. torch's
-own F.grouped_mm would not help there: off sm90/sm100 it loops over the groups with a host sync per call too. A
-sync-free path for those GPUs (groups padded to a bound known without a sync) is not written: unmeasured.
+forward and twice backward: 9 per gated MoE layer and micro-step). On CUDA that is every GPU but Hopper (compute
+capability 9.0) and, from torch 2.10, datacenter Blackwell (10.x), and every dtype but bf16: an A100, RTX 4090, L4 or
+RTX 50xx (12.0) syncs. torch's own F.grouped_mm would not help there: off sm90/sm100 it loops over the groups with a
+host sync per call too. A sync-free path for those GPUs (groups padded to a bound known without a sync) is not written:
+unmeasured.
 """
 import torch
 import torch.nn.functional as F
