@@ -36,7 +36,8 @@ DEFAULTS = dict(
 def main(argv):
     cfg, _ = parse_args(DEFAULTS, argv, prog='inspect_run.py', doc=__doc__.split('\n\n')[1], notes=[__file__])
     if os.path.isdir(cfg['out_dir']):  # no folder: no checkpoint, which inspect says
-        check_writable(cfg['out_dir'])  # acts.png and acts.json go there: say so before the work, not after
+        check_writable(cfg['out_dir'], advice="inspect_run.py writes acts.png and acts.json into the run's folder: "
+                       "copy the run to a folder you can write to, and give that as --out_dir")  # before the work
     set_threads(cfg['threads'])  # before anything is drawn; torch's own thread per core crawls beside a busy process
     report = inspect(cfg['out_dir'], cfg['data_dir'], cfg['bins'], resolve_device(cfg['device']))
     if codes_of(read_log_lines(os.path.join(cfg['out_dir'], LOG))[0]) - {code_hash(), None}:  # drawn all the same

@@ -365,6 +365,19 @@ def test_missing_checkpoint_is_one_line(tmp_path, capsys, folder):
     assert f"{hint} (a comparison's runs are its OUT/[SIZE/]VARIANT/[lrRATE/]seedN, SIZE a ladder's)." in err[0]
 
 
+def test_a_run_folder_it_cannot_write_in_is_told_to_be_copied(tmp_path, capsys, monkeypatch):
+    """acts.png and acts.json go into the run's own folder, and there is no other: not "choose a folder you can write
+    to", which no key of inspect_run.py does, but copy the run to one."""
+    def refused(*args, **kwargs):
+        raise PermissionError(13, 'Permission denied')
+    monkeypatch.setattr('tempfile.TemporaryFile', refused)  # a read-only folder (a test run as root writes anywhere)
+    with pytest.raises(SystemExit) as e:
+        run_cli(inspect_run.main, [f'--out_dir={tmp_path}'])
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        f"error: cannot write in {tmp_path} (Permission denied); inspect_run.py writes acts.png and acts.json into the "
+        f"run's folder: copy the run to a folder you can write to, and give that as --out_dir."]
+
+
 def test_a_comparisons_run_directory_that_is_a_file_names_no_out_dir(tmp_path):
     """A comparison's scan (no missing_hint) of a run directory that is a file: not "--out_dir=OUT/gelu/seed1 is a
     file; give OUT/gelu", a --out_dir the user never gave; the comparison says it cannot write there, as before."""
