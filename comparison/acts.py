@@ -21,7 +21,7 @@ from comparison.plots import figure, palette, save_figure
 from comparison.runs import codes_of, data_now
 from machinery.files import write_json
 from machinery.fingerprint import code_hash
-from machinery.run_log import DIVERGED, LOG, read_log_lines
+from machinery.run_log import LOG, read_log_lines
 from model import GPT, GPTConfig, MoE
 
 RANGE = (0.5, 99.5)  # percentiles of h that set the drawn range
@@ -116,11 +116,7 @@ def inspect(out_dir, data_dir='', bins=100, device='cpu', ckpt=None, log=None):
     if not 2 <= bins <= MAX_BINS:
         raise UserError(f"--bins must be between 2 and {MAX_BINS}, got {bins}.")
     if ckpt is None:
-        hint = (f"the run diverged before its first ({DIVERGED} says why), so it has nothing to inspect"
-                if os.path.exists(os.path.join(out_dir, DIVERGED)) else
-                "a run writes it at its first evaluation after a step: wait for that, or use another --out_dir"
-                if os.path.exists(os.path.join(out_dir, LOG)) else  # a run has started there
-                "no run has started there; give the --out_dir of a run" if os.path.isdir(out_dir) else
+        hint = ("no run has started there; give the --out_dir of a run" if os.path.isdir(out_dir) else
                 "no such folder; give the --out_dir of a run")
         ckpt = load_checkpoint(out_dir, f"{hint} ({RUN_DIRS}).")
     path = os.path.join(out_dir, CKPT)

@@ -18,6 +18,8 @@ from machinery.cli import UserError, reading
 from machinery.fingerprint import OTHER_CODE, code_hash
 
 CKPT = 'ckpt.pt'
+LOG = 'log.jsonl'  # beside it, the run's log (run_log.py)
+DIVERGED = 'diverged.txt'  # why the run diverged (train.py), its outcome at these settings; a new try removes it
 HINT = 'train the run again, or point --out_dir at the right run directory'
 # where a missing checkpoint may be
 RUN_DIRS = "a comparison's runs are its OUT/[SIZE/]VARIANT/[lrRATE/]seedN, SIZE a ladder's"
@@ -38,7 +40,8 @@ def loading(path, hint=HINT):
 
 def load_checkpoint(out_dir, missing_hint, mmap=False, hint=HINT):
     """The one reader of out_dir/ckpt.pt: the dict train.py saved, or a UserError where it cannot be read (hint: what
-    to do then) or, with a missing_hint saying what to do, where there is none (None without one). mmap: its tensors
+    to do then) or, with a missing_hint saying what to do, where there is none (None without one), unless the folder
+    says why: a run that diverged before its first, has yet to write it, or a comparison's runs below. mmap: its tensors
     stay on disk until used (a comparison reads many checkpoints for their plain fields)."""
     path = os.path.join(out_dir, CKPT)
     if missing_hint is not None and os.path.isfile(out_dir):  # a user's --out_dir naming its checkpoint, say
@@ -47,7 +50,12 @@ def load_checkpoint(out_dir, missing_hint, mmap=False, hint=HINT):
     if not os.path.exists(path):
         if missing_hint is None:
             return None
-        if run := a_run_below(out_dir):  # a comparison's folder, say: its runs are below it
+        if os.path.exists(os.path.join(out_dir, DIVERGED)):
+            missing_hint = f"the run diverged before its first ({DIVERGED} says why and what to change)."
+        elif os.path.exists(os.path.join(out_dir, LOG)):  # a run started there: it writes one at an evaluation
+            missing_hint = ("the run writes it at its first evaluation after a step: wait for that, or train it "
+                            "again if it was stopped before.")
+        elif run := a_run_below(out_dir):  # a comparison's folder, say: its runs are below it
             missing_hint = f"{out_dir} holds runs in the folders below it: give one of them, e.g. --out_dir={run}."
         raise UserError(f"there is no checkpoint at {path}; {missing_hint}")
     with loading(path, hint):

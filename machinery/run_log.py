@@ -16,11 +16,9 @@ from contextlib import suppress
 import torch
 
 from machinery.cli import RunStopped
-from machinery.checkpoint import CKPT
+from machinery.checkpoint import CKPT, DIVERGED, LOG
 from machinery.files import append_lines, remove_dead_temps, write_text
 
-LOG = 'log.jsonl'
-DIVERGED = 'diverged.txt'  # why the run diverged (train.py), its outcome at these settings; a new try removes it
 DIVERGED_HINT = 'lower learning_rate'  # a divergence's advice begins so (compare.py leaves it out of its line)
 PICTURES = ('acts.png', 'acts.json')  # a run's pictures (inspect_run.py's, a comparison's of its first seed)
 

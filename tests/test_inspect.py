@@ -357,12 +357,13 @@ def test_missing_checkpoint_is_one_line(tmp_path, capsys, folder):
     if folder == 'comparison':  # not "wait for that": its runs have theirs
         assert err[0].endswith(f"give one of them, e.g. --out_dir={tmp_path / 'comparison' / 'gelu' / 'seed1340'}.")
         return
-    hint = {'missing': 'no such folder; give the --out_dir of a run',
-            'empty': 'no run has started there; give the --out_dir of a run',
-            'started': 'wait for that, or use another --out_dir',
-            'diverged': 'the run diverged before its first (diverged.txt says why), so it has nothing to inspect',
+    runs = " (a comparison's runs are its OUT/[SIZE/]VARIANT/[lrRATE/]seedN, SIZE a ladder's)."
+    hint = {'missing': 'no such folder; give the --out_dir of a run' + runs,
+            'empty': 'no run has started there; give the --out_dir of a run' + runs,
+            'started': 'wait for that, or train it again if it was stopped before.',
+            'diverged': 'the run diverged before its first (diverged.txt says why and what to change).',
             }[folder]
-    assert f"{hint} (a comparison's runs are its OUT/[SIZE/]VARIANT/[lrRATE/]seedN, SIZE a ladder's)." in err[0]
+    assert err[0].endswith(hint)
 
 
 def test_a_run_folder_it_cannot_write_in_is_told_to_be_copied(tmp_path, capsys, monkeypatch):

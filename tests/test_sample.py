@@ -71,6 +71,20 @@ def test_a_comparisons_folder_is_answered_with_one_of_its_runs(tmp_path, capsys)
         f"the folders below it: give one of them, e.g. --out_dir={run_dir}."]
 
 
+@pytest.mark.parametrize('folder, hint', [
+    ('started', 'the run writes it at its first evaluation after a step: wait for that, or train it again if it was '
+                'stopped before.'),
+    ('diverged', 'the run diverged before its first (diverged.txt says why and what to change).')])
+def test_a_run_without_its_first_checkpoint_is_not_told_to_train_one(tmp_path, capsys, folder, hint):
+    """A run still before its first checkpoint (its log.jsonl only), or one that diverged before it: not "train one
+    first", which the run is doing, or which diverges again at its settings."""
+    (tmp_path / 'log.jsonl').write_text('')
+    if folder == 'diverged':
+        (tmp_path / 'diverged.txt').write_text('the training loss became non-finite\n')
+    code, err = in_process(sample.main, [f'--out_dir={tmp_path}', '--device=cpu'], capsys)
+    assert code == 2 and err.strip().splitlines() == [f"error: there is no checkpoint at {tmp_path / 'ckpt.pt'}; {hint}"]
+
+
 @pytest.mark.parametrize('arg, example', [('--start', '--start=VALUE'), ('-x', '--out_dir=VALUE')])
 def test_an_argument_without_its_value_is_shown_with_a_key_sample_has(arg, example, capsys):
     code, err = in_process(sample.main, [arg], capsys)  # not train.py's --n_layer, which sample.py does not take
