@@ -97,7 +97,7 @@ def _parse_literal(text, want):
 def read_text(path, what, example):
     """A UTF-8 text file the user named (a config file, a prompt), or the UserError that says what is wrong with it."""
     path = os.path.expanduser(path)  # --start=FILE:~/prompt.txt
-    if not os.path.isfile(path):
+    if not os.path.exists(path) or os.path.isdir(path):  # a pipe is text too: a shell's --start=FILE:<(...)
         raise UserError(f"{what} '{path}' {'is a folder' if os.path.isdir(path) else 'not found'}; give a path such "
                         f"as {example}.")
     try:

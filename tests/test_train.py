@@ -541,6 +541,18 @@ def test_a_byte_order_mark_is_not_part_of_a_text_file(tmp_path):
     assert read_text(str(f), 'config file', 'c.py') == 'n_layer = 2\n'
 
 
+def test_a_pipe_is_read_as_a_text_file():
+    """A shell's process substitution (sample.py --start=FILE:<(printf ROMEO)) names a pipe, which exists but is not a
+    regular file: it was said to be 'not found'."""
+    r, w = os.pipe()
+    os.write(w, 'ROMEO:'.encode())
+    os.close(w)
+    try:
+        assert read_text(f'/dev/fd/{r}', 'prompt file', 'p.txt') == 'ROMEO:'
+    finally:
+        os.close(r)
+
+
 def test_a_folders_tilde_is_the_users_home_from_a_flag_or_a_config_file(tmp_path, monkeypatch):
     """No shell expands a ~ after --key=, nor in a config file's string: train.py made a folder named ~ in the
     repository (which a later `rm -rf ~` would take for the home)."""
