@@ -241,6 +241,29 @@ def test_the_memory_check_reads_the_gpus_total_then_what_is_free(fake_gpu, shake
         configurator.check({**cfg, 'n_layer': 200})
 
 
+def test_a_run_is_refused_where_other_processes_left_too_little_free_on_its_gpu(fake_gpu, monkeypatch,
+                                                                                 shakespeare_char_dir, tmp_path):
+    """train.py's own check of what is free on the GPU it set up on, before its model is built there (no validation
+    windows here: a tensor cannot be placed on the fake GPU)."""
+    fake_gpu(total_gib=16, free_gib=0.0001)
+    opened = train.open_loader
+
+    def without_windows(*args, **kwargs):
+        loader = opened(*args, **kwargs)
+        loader.val_batches = lambda n: []
+        return loader
+
+    monkeypatch.setattr(train, 'open_loader', without_windows)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(UserError, match=r'the GPU cuda:0 has 0\.000107 GB free, so lower'):
+            train.main([*TINY[:10], f'--data_dir={shakespeare_char_dir}', f'--out_dir={tmp_path / "run"}',
+                        '--device=cuda', '--threads=1'])
+    finally:
+        torch.set_num_threads(threads)
+    assert not (tmp_path / 'run').exists()  # refused before the run directory is opened
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # a comparison's placement, its plan, bench.py
 
