@@ -333,9 +333,11 @@ def test_the_log_shows_the_loss_terms_forward_returns(shakespeare_char_dir, tmp_
 @pytest.mark.slow
 def test_ddp_matches_gradient_accumulation(shakespeare_char_dir, tmp_path):
     """2 processes x 1 accumulation step see the batches of 1 process x 2 steps (the loader's stream semantics), so
-    the losses agree up to the order of the floating-point reduction. ~20 s on 2 cores."""
+    the losses agree up to the order of the floating-point reduction; each logs the MFU of one process, its share of
+    the tokens against one device's peak. ~20 s on 2 cores."""
+    from model import GPT
     data, ddp_out, one_out = shakespeare_char_dir, str(tmp_path / 'ddp'), str(tmp_path / 'one')
-    common = ['--max_iters=4', '--eval_interval=2']
+    common = ['--max_iters=4', '--eval_interval=2', '--peak_flops=1e12']
     torchrun = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
     assert_ok(train(data, ddp_out, *common, '--gradient_accumulation_steps=1', launcher=torchrun))
     assert_ok(train(data, one_out, *common, '--gradient_accumulation_steps=2'))
@@ -346,6 +348,11 @@ def test_ddp_matches_gradient_accumulation(shakespeare_char_dir, tmp_path):
         for key in ('loss', 'val_loss'):
             if key in r1:
                 assert rd[key] == pytest.approx(r1[key], rel=1e-5, abs=1e-5), (key, rd, r1)
+    args = torch.load(os.path.join(one_out, 'ckpt.pt'), weights_only=True)['model_args']
+    flops = GPT(configurator.model_config(args)).flops_per_token()
+    for records, processes in ((ld, 2), (l1, 1)):
+        mfus = [(r['mfu'], flops * r['tok_s'] / processes / 1e12) for r in records if 'tok_s' in r]
+        assert mfus and all(got == pytest.approx(want, rel=1e-6) for got, want in mfus), (processes, mfus)
 
 
 # --------------------------------------------------------------------------------------------------------------------
