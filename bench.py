@@ -121,7 +121,8 @@ def setup(cfg):
     if dtype == "float16":  # float16 trains with a loss scaler, which bench's step leaves out
         raise UserError(f"bench.py measures float32 and bfloat16, not float16 (--dtype={cfg['dtype']} on "
                         f"{dev}); pass --dtype=float32.")
-    if True in modes:  # before the eager pass: a cache Inductor cannot write would end the command after it
+    if True in modes:  # before the eager pass: a GPU Triton cannot compile for or a cache Inductor cannot write to
+        speed.check_compile(dev.split(":")[0])  # would end the command after it
         speed.check_compile_cache()
     if cfg["json"] and not cfg["profile"]:  # the report goes there: say so before the work, after the settings
         if os.path.isdir(cfg["json"]):

@@ -109,6 +109,8 @@ def set_up(cfg, checkpoint):
     (from the checkpoint when resuming), then the run directory, opened only once everything has been checked."""
     r = SimpleNamespace(cfg=cfg, out_dir=cfg['out_dir'], ckpt_path=os.path.join(cfg['out_dir'], ckpt_io.CKPT))
     r.hw = hw = distributed.setup(cfg['device'], cfg['dtype'])
+    if cfg['compile']:
+        speed.check_compile(hw.device_type)
     r.threads = device.set_threads(cfg['threads'])  # before compiling: Inductor's C++ kernels take the count then
     r.env = {**environment(hw), 'code': code_hash()}  # named in the first log line this process writes
     r.master, r.autocast = hw.rank == 0, device.autocast(hw.device_type, hw.dtype)  # only the master writes

@@ -7,6 +7,7 @@ import re
 
 import torch
 
+from machinery.cli import UserError
 from machinery.files import check_writable
 
 # dense tensor-core peaks per GPU, (bf16/fp16, tf32) FLOP/s, from NVIDIA's datasheets (half their "with sparsity"
@@ -44,6 +45,15 @@ def compile_default(device_type):
     Inductor stops the first step with GPUTooOldForTriton); off elsewhere (a CPU run finishes sooner eager unless it
     is long, and MPS support in Inductor is young)."""
     return device_type == 'cuda' and torch.cuda.get_device_capability() >= (7, 0)
+
+
+def check_compile(device_type):
+    """A UserError where torch.compile was asked for on a GPU Triton cannot compile for (compute capability below 7.0:
+    compile_default): Inductor's own GPUTooOldForTriton is a traceback at the first step, after the set-up."""
+    if device_type == 'cuda' and (capability := torch.cuda.get_device_capability()) < (7, 0):
+        raise UserError(f"--compile=True but {torch.cuda.get_device_name()} (compute capability {capability[0]}."
+                        f"{capability[1]}) is older than Triton, which builds torch.compile's GPU kernels, supports "
+                        f"(7.0); use --compile=False.")
 
 
 def compile_cache_dir():

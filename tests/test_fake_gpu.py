@@ -129,6 +129,24 @@ def test_compile_auto_is_off_on_a_gpu_triton_cannot_compile_for(fake_gpu, name, 
     assert speed.compile_default('cuda') is compiled
 
 
+@pytest.mark.parametrize('script', ['train', 'bench'])
+def test_compile_asked_for_on_a_gpu_triton_cannot_compile_for_is_refused_in_a_sentence(fake_gpu, script, tmp_path):
+    """--compile=True, or bench.py's default of both, on a GPU below compute capability 7.0: refused before the
+    set-up (bench.py: before its eager pass), not a GPUTooOldForTriton traceback at the first compiled step."""
+    fake_gpu(name='Tesla P100-PCIE-16GB', capability=(6, 0))
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(UserError, match=r'^--compile=True but Tesla P100-PCIE-16GB \(compute capability 6\.0\) is '
+                                            r'older than Triton, .* supports \(7\.0\); use --compile=False\.$'):
+            if script == 'train':
+                train.main(['--device=cuda', '--compile=True', '--dataset=nowhere', f'--out_dir={tmp_path / "run"}'])
+            else:
+                bench.setup(bench.parse_args(bench.DEFAULTS, ['--variants=gelu', '--dtype=float32', '--json='])[0])
+    finally:
+        torch.set_num_threads(threads)
+    assert not (tmp_path / 'run').exists()
+
+
 @pytest.mark.parametrize('name', ['cuda:²', 'cuda:０', 'cuda:١', 'cuda:', 'cuda:-1', 'cuda:0x1'])
 def test_a_gpu_index_of_other_than_ascii_digits_is_refused_in_a_sentence(fake_gpu, capsys, name):
     """'²' and '０' pass str.isdigit(); int('²') raises and torch.device refuses 'cuda:０' later, with tracebacks."""
