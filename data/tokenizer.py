@@ -49,8 +49,10 @@ class GPT2Tokenizer:
         return self.enc.encode_ordinary(text)
 
     def encode_batch(self, texts, num_threads=None):
-        """Tokenises many documents on all cores (tiktoken's Rust core runs without the GIL)."""
-        return self.enc.encode_ordinary_batch(texts, num_threads=num_threads or os.cpu_count() or 1)
+        """Tokenises many documents on every core this process may use (tiktoken's Rust core runs without the GIL):
+        a Slurm job's or taskset's, not the machine's, as machinery.device.usable_cores counts them."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return self.enc.encode_ordinary_batch(texts, num_threads=num_threads or cores)
 
     def decode(self, ids):
         return self.enc.decode([int(i) for i in ids])

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import types
 
 import numpy as np
 import pytest
@@ -67,6 +68,22 @@ def test_gpt2_tokenizer_works_offline_and_round_trips_the_corpus(no_network):
     assert tok.decode(ids) == paragraph
     # special-token text inside a document is plain text: only prepare scripts put EOT ids in a dataset
     assert EOT not in tok.encode(f"a{EOT_TEXT}b") and tok.decode(tok.encode(EOT_TEXT)) == EOT_TEXT
+
+
+def test_gpt2_batches_take_a_thread_per_core_this_process_may_use(monkeypatch):
+    """A Slurm job or taskset of 2 cores on a 64-core machine: 2 tokenizer threads, not 64 beside the others' work;
+    num_threads (openwebtext's --num_threads) when given."""
+    tok = get_tokenizer({"tokenizer": "gpt2"})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    asked = []
+    monkeypatch.setattr(tok, "enc", types.SimpleNamespace(
+        encode_ordinary_batch=lambda texts, num_threads: asked.append(num_threads) or [[] for _ in texts]))
+    tok.encode_batch(["a", "b"])
+    tok.encode_batch(["a", "b"], num_threads=3)
+    monkeypatch.delattr(os, "sched_getaffinity")  # macOS: the machine's cores
+    tok.encode_batch(["a"])
+    assert asked == [2, 3, 64]
 
 
 def test_gpt2_rank_file_is_hash_checked(tmp_path):
