@@ -161,6 +161,15 @@ def test_activation_parameters_are_the_registrys_extras_and_never_decayed(ffn):
         assert {id(params[name]) for name in acts} <= {id(p) for p in groups[0.0]}
 
 
+def test_adamw_is_fused_on_cuda_only():
+    """train.py and bench.py pass the device type: fused AdamW (one kernel per step) on a GPU, torch's default
+    elsewhere (MPS, the CPU). Asked on CPU parameters, which fused AdamW takes too (torch 2.4+); the GPU test steps
+    it."""
+    model = tiny("gelu", n_layer=1)
+    fused = [model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), t).defaults["fused"] for t in ("cuda", "mps", "cpu")]
+    assert fused == [True, False, False]
+
+
 @pytest.mark.parametrize("ffn", ["relu", "polynorm", "moa", "swiglu", "moa_glu"])
 def test_tiny_gpt_overfits_one_batch(ffn):
     torch.manual_seed(0)
