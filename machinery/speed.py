@@ -10,12 +10,14 @@ import torch
 from machinery.cli import UserError
 from machinery.files import check_writable
 
-# dense tensor-core peaks per GPU, (bf16/fp16, tf32) FLOP/s, from NVIDIA's datasheets (half their "with sparsity"
-# figures), matched as whole words of torch.cuda.get_device_name in this order: a model's variants before the model
-# itself (whole words: the laptop "RTX A1000" is no A100)
+# dense tensor-core peaks per GPU, (bf16/fp16, float32: TF32 from the A100 on, plain FP32 before) FLOP/s, from
+# NVIDIA's datasheets (half their "with sparsity" figures), matched as whole words of torch.cuda.get_device_name in this
+# order: a model's variants before the model itself (whole words: the laptop "RTX A1000" is no A100). The V100 and T4
+# have no bfloat16: a run there is float16 (device.resolve_dtype).
 PEAK_FLOPS = [('GH200', 989e12, 494.5e12), ('H200 NVL', 835e12, 417.5e12), ('H200', 989e12, 494.5e12),
               ('H100 NVL', 835e12, 417.5e12), ('H100 PCIe', 756e12, 378e12), ('H100', 989e12, 494.5e12),
-              ('A100', 312e12, 156e12)]
+              ('A100', 312e12, 156e12), ('V100S', 130e12, 16.4e12), ('V100-PCIE', 112e12, 14e12),
+              ('V100', 125e12, 15.7e12), ('T4', 65e12, 8.1e12)]
 # the user's choice, read at import: Inductor writes its own default (/tmp/torchinductor_USER) into the variable as soon
 # as anything loads it (building AdamW does), and that must not pass for a choice
 USER_CACHE_DIR = os.environ.get('TORCHINDUCTOR_CACHE_DIR')
@@ -23,7 +25,7 @@ USER_CACHE_DIR = os.environ.get('TORCHINDUCTOR_CACHE_DIR')
 
 def peak_flops(device_type, dtype, override):
     """The peak FLOP/s MFU is measured against: --peak_flops, else the current GPU's dense peak by its name, in the
-    precision its matmuls run in (float32 runs them in TF32: device.use), else None."""
+    precision its matmuls run in (float32 runs them in TF32 where the GPU has it: device.use), else None."""
     if override > 0:
         return override
     if device_type != 'cuda':

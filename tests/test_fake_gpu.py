@@ -214,6 +214,10 @@ def test_cores_are_the_machines_where_there_is_no_affinity_as_on_macos(monkeypat
     ('NVIDIA GH200 480GB', 989e12, 494.5e12),
     ('NVIDIA A100-SXM4-80GB', 312e12, 156e12),
     ('NVIDIA A100 80GB PCIe', 312e12, 156e12),
+    ('Tesla V100-SXM2-16GB', 125e12, 15.7e12),  # no TF32 before the A100: float32 is plain FP32
+    ('Tesla V100-PCIE-32GB', 112e12, 14e12),
+    ('Tesla V100S-PCIE-32GB', 130e12, 16.4e12),
+    ('Tesla T4', 65e12, 8.1e12),
     ('NVIDIA GeForce RTX 4090', None, None),  # not in the table: no MFU unless --peak_flops
     ('NVIDIA RTX A1000 Laptop GPU', None, None),  # no A100, though its name holds the letters
 ])
@@ -222,7 +226,7 @@ def test_peak_flops_are_the_gpu_models_own_in_the_runs_precision(fake_gpu, name,
     distributed.setup('cuda', 'float32')
     assert speed.peak_flops('cuda', 'bfloat16', 0) == bf16
     assert speed.peak_flops('cuda', 'float16', 0) == bf16
-    assert speed.peak_flops('cuda', 'float32', 0) == tf32  # float32 matmuls run in TF32
+    assert speed.peak_flops('cuda', 'float32', 0) == tf32  # float32 matmuls run in TF32 where the GPU has it
     assert speed.peak_flops('cuda', 'float32', 123e12) == 123e12
     assert speed.peak_flops('cpu', 'float32', 0) is None
 
