@@ -620,6 +620,7 @@ def run_ladder(cfg):
     steps = []
     for s in sizes:  # every size checked and read (with --report: finished) before any trains
         size_cfg = {**cfg, **s['settings']}
+        refuse_a_runs_folder(size_cfg['out_dir'])
         comp = check_comparison(size_cfg)
         runs = grid_runs(size_cfg, comp)
         to_do(size_cfg, runs)
@@ -639,6 +640,13 @@ def run_ladder(cfg):
     print(f"wrote the ladder's summary.md, summary.json and ladder.png into {cfg['out_dir']}", file=sys.stderr)
 
 
+def refuse_a_runs_folder(out_dir):
+    """A comparison's out_dir (a ladder's, and each size's) that holds a run: its acts.png would be the comparison's."""
+    if os.path.exists(os.path.join(out_dir, CKPT)):
+        raise UserError(f"{out_dir} holds a run (its {CKPT}), whose pictures a comparison there would replace; "
+                        f"choose another --out_dir.")
+
+
 def raise_terminated(signum, frame):
     """SIGTERM's handler: compare.py and its runs stop cleanly on it, as on Ctrl-C (cli.Terminated, status 143)."""
     raise Terminated
@@ -646,9 +654,7 @@ def raise_terminated(signum, frame):
 
 def main(argv):
     cfg = settings(argv)
-    if os.path.exists(os.path.join(cfg['out_dir'], CKPT)):  # a run's: a comparison there would replace its acts.png
-        raise UserError(f"{cfg['out_dir']} holds a run (its {CKPT}), whose pictures a comparison there would replace; "
-                        f"choose another --out_dir.")
+    refuse_a_runs_folder(cfg['out_dir'])
     if cfg['sizes']:
         return run_ladder(cfg)
     if cfg['tokens_per_param'] or cfg['lr_rule'] != 'fixed':

@@ -39,6 +39,18 @@ def test_ladder_mistakes_are_one_line_errors_before_anything_runs(tmp_path):
     assert not os.path.exists(out)
 
 
+def test_a_ladder_size_in_a_runs_folder_is_refused_before_its_pictures_go(shakespeare_char_dir, tmp_path):
+    """--out_dir=L --sizes=1x16,1x32, L/1x32 a train.py run's: its acts.png would be that size's comparison's."""
+    run = tmp_path / '1x32'
+    run.mkdir()
+    for name in ('ckpt.pt', 'acts.png', 'acts.json'):
+        (run / name).write_text('of the run')
+    with pytest.raises(UserError, match=f"{run} holds a run"):
+        compare.main([f'--data_dir={shakespeare_char_dir}', f'--out_dir={tmp_path}', '--variants=gelu,polynorm',
+                      '--sizes=1x16,1x32', *TINY])
+    assert (run / 'acts.png').read_text() == 'of the run' and not os.path.exists(tmp_path / '1x16' / 'gelu')
+
+
 def test_size_settings_token_budget_and_learning_rate_rules(shakespeare_char_dir):
     cfg = dict(compare.DEFAULTS, data_dir=shakespeare_char_dir, variants='gelu', sizes='2x64,3x128', out_dir='L',
                tokens_per_param=20.0, batch_size=8, block_size=32, gradient_accumulation_steps=2, max_iters=100,
