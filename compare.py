@@ -341,15 +341,17 @@ class Job:
 
     def finish(self):
         """Once the child exited: the run read again, whose state is its outcome, and a line saying so. A divergence
-        (train.py leaves diverged.txt) is the run's outcome; any other failure, a full disk included, raises."""
+        (train.py leaves diverged.txt) is the run's outcome, as is a finished run killed before it exited; any other
+        failure, a full disk included, raises."""
         rc, run = self.proc.returncode, scan(self.run.spec)
         tail = last_error_line(self.out_path)
         if rc == 2:  # a user mistake in the settings: train.py said what to do
             raise UserError(f"{tail.removeprefix('error: ').rstrip('.')} (the {run.variant} run, seed {run.seed}).")
         if rc in (130, -signal.SIGINT):
             raise KeyboardInterrupt
-        # torchrun exits 1 when a process of its run exits 3: the run's own state says whether it diverged
-        if rc != 0 and run.state != 'diverged':
+        # torchrun exits 1 when a process of its run exits 3: the run's own state says whether it diverged, or
+        # finished (its last checkpoint and log line written) before a kill
+        if rc != 0 and run.state not in FINISHED:
             raise RunStopped(f"training {run.variant} (seed {run.seed}) failed with exit status {rc}: {tail}; "
                              f"see {self.out_path}, fix it and run the same command again to continue.")
         if run.state == 'mismatch':  # trained to its end, on a dataset prepared again or code edited meanwhile

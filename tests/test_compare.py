@@ -307,6 +307,20 @@ def test_only_a_diverged_run_is_an_outcome(tmp_path):
     assert job.finish()[1].endswith(f'DIVERGED: {at_init}')
 
 
+@pytest.mark.slow
+def test_a_run_killed_after_its_last_write_is_its_result(compared):
+    """A kill between a finished run's last write and its exit: the run is done, its result, not a failure that stops
+    the comparison."""
+    argv, _, _ = compared
+    spec = grid_specs(compare.settings(argv))[0]
+    job = compare.Job.__new__(compare.Job)  # as Job.__init__ leaves it once its train.py was killed
+    job.run, job.t0, job.name, job.resumed_from = runs.scan(spec), 0.0, spec['name'], None
+    job.out_path = os.path.join(spec['dir'], 'train.out')
+    job.proc = types.SimpleNamespace(returncode=-signal.SIGKILL)
+    run, line = job.finish()
+    assert run.state == 'done' and 'final val loss' in line
+
+
 def test_a_run_without_a_checkpoint_does_not_make_the_times_mixed(tmp_path):
     """Whether times are compiled comes from the runs' checkpoints: one that stopped before its first says nothing."""
     cfg = compare.settings([f'--out_dir={tmp_path}', f'--data_dir={tmp_path}', '--variants=gelu,relu2', '--seeds=1',
