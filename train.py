@@ -118,7 +118,8 @@ def set_up(cfg, checkpoint):
     if checkpoint is None and os.path.exists(r.ckpt_path) and not cfg['overwrite']:
         raise UserError(f"{r.ckpt_path} already exists; resume it with --init_from=resume, choose another --out_dir, "
                         f"or pass --overwrite=True to replace it.")
-    if os.path.exists(os.path.join(r.out_dir, 'summary.json')):  # a run there would delete the comparison's acts.png
+    # a new run deletes the acts.png there (open_for_try), a comparison's; a resume deletes nothing
+    if checkpoint is None and os.path.exists(os.path.join(r.out_dir, 'summary.json')):
         raise UserError(f"{r.out_dir} holds a comparison (its summary.json), whose pictures a run there would replace; "
                         f"choose another --out_dir.")
     for seed in (random.seed, np.random.seed, torch.manual_seed):  # each rank its own (dropout); DDP broadcasts

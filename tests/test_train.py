@@ -292,6 +292,20 @@ def test_a_run_into_a_comparisons_folder_is_refused_before_its_pictures_go(tiny_
     assert all((tmp_path / name).read_text() == 'of the comparison' for name in run_log.PICTURES)
 
 
+def test_a_run_beside_a_comparisons_summary_resumes(tiny_run, tmp_path, capsys):
+    """A summary.json beside a run (an older compare.py's, into the run's folder): a resume deletes no picture, so it
+    goes on, and the pictures stay."""
+    import shutil
+    data, out = tiny_run
+    run_dir = str(tmp_path / 'run')
+    shutil.copytree(out, run_dir)
+    for name in ('summary.json', *run_log.PICTURES):
+        (tmp_path / 'run' / name).write_text('of the comparison')
+    train_here(data, run_dir, '--init_from=resume', '--max_iters=6', '--eval_interval=2')
+    assert torch.load(os.path.join(run_dir, 'ckpt.pt'), weights_only=True)['iter_num'] == 6
+    assert all((tmp_path / 'run' / name).read_text() == 'of the comparison' for name in run_log.PICTURES)
+
+
 def test_checkpoint_contents(tiny_run):
     _, out = tiny_run
     ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)  # plain data: loads without pickle code
