@@ -53,9 +53,9 @@ def check_compile(device_type):
     """A UserError where torch.compile was asked for on a GPU Triton cannot compile for (compute capability below 7.0:
     compile_default): Inductor's own GPUTooOldForTriton is a traceback at the first step, after the set-up."""
     if device_type == 'cuda' and (capability := torch.cuda.get_device_capability()) < (7, 0):
-        raise UserError(f"--compile=True but {torch.cuda.get_device_name()} (compute capability {capability[0]}."
-                        f"{capability[1]}) is older than Triton, which builds torch.compile's GPU kernels, supports "
-                        f"(7.0); use --compile=False.")
+        raise UserError(f"torch.compile cannot run on {torch.cuda.get_device_name()}: Triton, which builds its GPU "
+                        f"kernels, needs compute capability 7.0 or more, and this GPU has {capability[0]}."
+                        f"{capability[1]}; use --compile=False.")
 
 
 def compile_cache_dir():

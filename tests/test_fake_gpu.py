@@ -136,8 +136,9 @@ def test_compile_asked_for_on_a_gpu_triton_cannot_compile_for_is_refused_in_a_se
     fake_gpu(name='Tesla P100-PCIE-16GB', capability=(6, 0))
     threads = torch.get_num_threads()
     try:
-        with pytest.raises(UserError, match=r'^--compile=True but Tesla P100-PCIE-16GB \(compute capability 6\.0\) is '
-                                            r'older than Triton, .* supports \(7\.0\); use --compile=False\.$'):
+        with pytest.raises(UserError, match=r'^torch\.compile cannot run on Tesla P100-PCIE-16GB: Triton, which builds '
+                                            r'its GPU kernels, needs compute capability 7\.0 or more, and this GPU has '
+                                            r'6\.0; use --compile=False\.$'):
             if script == 'train':
                 train.main(['--device=cuda', '--compile=True', '--dataset=nowhere', f'--out_dir={tmp_path / "run"}'])
             else:
