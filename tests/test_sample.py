@@ -82,7 +82,8 @@ def test_a_run_without_its_first_checkpoint_is_not_told_to_train_one(tmp_path, c
     if folder == 'diverged':
         (tmp_path / 'diverged.txt').write_text('the training loss became non-finite\n')
     code, err = in_process(sample.main, [f'--out_dir={tmp_path}', '--device=cpu'], capsys)
-    assert code == 2 and err.strip().splitlines() == [f"error: there is no checkpoint at {tmp_path / 'ckpt.pt'}; {hint}"]
+    assert code == 2 and err.strip().splitlines() == [
+        f"error: there is no checkpoint at {tmp_path / 'ckpt.pt'}; {hint}"]
 
 
 @pytest.mark.parametrize('arg, example', [('--start', '--start=VALUE'), ('-x', '--out_dir=VALUE')])
