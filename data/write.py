@@ -91,8 +91,7 @@ def write_dataset(dataset_dir, train, val, meta, shard_tokens=SHARD_TOKENS):
                  for split, tokens in (("train", train), ("val", val))
                  for k, i in enumerate(range(0, max(len(tokens), 1), shard_tokens))]
         names = [name for name, _ in parts] + ["meta.json"]  # meta.json last: it marks a complete dataset
-        # shard_tokens too: where windows may fall (none crosses a shard), so a resume's stream depends on it
-        meta = {**meta, "train_tokens": len(train), "val_tokens": len(val), "shard_tokens": shard_tokens}
+        meta = {**meta, "train_tokens": len(train), "val_tokens": len(val)}
         try:
             for name, tokens in parts:
                 write_shard(path(STAGING + name), tokens)

@@ -224,10 +224,10 @@ def test_resume_applies_the_given_optimizer_settings(tiny_run, tmp_path, monkeyp
     assert seen == [[(0.5, (0.8, 0.9)), (0.0, (0.8, 0.9))]]
 
 
-@pytest.mark.parametrize('change', ['itos', 'train_tokens', 'shard_tokens'])
+@pytest.mark.parametrize('change', ['itos', 'train_tokens'])
 def test_resume_refuses_a_dataset_prepared_again(tiny_run, tmp_path, capsys, change):
-    """Another vocabulary, the same one over other text, or other shards (windows never cross one): the data are not
-    the run's, and the sentence says so (not that its checkpoint is damaged)."""
+    """Another vocabulary, or the same one over other text: the data are not the run's, and the sentence says so (not
+    that its checkpoint is damaged)."""
     import shutil
     data, out = tiny_run
     data_copy, run_dir = tmp_path / 'data', str(tmp_path / 'run')
