@@ -152,8 +152,7 @@ class DataLoader:
         for name, split in (("train", self.train), ("val", self.val)):
             if split.total_windows == 0:
                 raise UserError(f"no {name} shard of dataset {dataset} holds block_size + 1 = {block_size + 1} tokens; "
-                                f"use a smaller block_size, or prepare it from more text"
-                                + (" or with a larger --val_fraction." if name == "val" else "."))
+                                f"use a smaller block_size, or prepare it from more text.")
         self.step = 0  # micro-batches this rank has returned
         self.batch_hash = self.prev_hash = hashlib.sha256().hexdigest()  # the chain now, and before the last batch
         self._val_cache = []

@@ -26,10 +26,12 @@ RUN_DIRS = "a comparison's runs are its OUT/[SIZE/]VARIANT/[lrRATE/]seedN, SIZE 
 
 
 def a_run_below(out_dir):
-    """A run directory (one holding ckpt.pt) in the folders below out_dir, as a comparison keeps its runs, or None."""
-    for depth in range(1, 5):  # OUT/[SIZE/]VARIANT/[lrRATE/]seedN
-        if found := sorted(glob.glob(os.path.join(glob.escape(out_dir), *['*'] * depth, CKPT))):
-            return os.path.dirname(found[0])
+    """A run directory (one holding ckpt.pt, else one started: its log.jsonl) in the folders below out_dir, as a
+    comparison keeps its runs, or None."""
+    for name in (CKPT, LOG):
+        for depth in range(1, 5):  # OUT/[SIZE/]VARIANT/[lrRATE/]seedN
+            if found := sorted(glob.glob(os.path.join(glob.escape(out_dir), *['*'] * depth, name))):
+                return os.path.dirname(found[0])
     return None
 
 

@@ -332,7 +332,8 @@ def test_the_history_is_the_logged_record_and_a_log_without_it_still_inspects(co
     assert os.path.getsize(os.path.join(run, 'acts.png')) > 10_000
 
 
-@pytest.mark.parametrize('folder', ['empty', 'started', 'comparison', 'missing', 'file', 'diverged'])
+@pytest.mark.parametrize('folder', ['empty', 'started', 'comparison', 'comparison_started', 'missing', 'file',
+                                    'diverged'])
 def test_missing_checkpoint_is_one_line(tmp_path, capsys, folder):
     """An empty folder, a run started before its first checkpoint (its log.jsonl only), a comparison's folder (its runs
     below it), none at all, or a run that diverged before its first checkpoint: there is no checkpoint, and where a
@@ -343,6 +344,8 @@ def test_missing_checkpoint_is_one_line(tmp_path, capsys, folder):
     (tmp_path / 'started' / 'log.jsonl').write_text('')
     (tmp_path / 'comparison' / 'gelu' / 'seed1340').mkdir(parents=True)
     (tmp_path / 'comparison' / 'gelu' / 'seed1340' / 'ckpt.pt').write_text('')
+    (tmp_path / 'comparison_started' / 'gelu' / 'seed1340').mkdir(parents=True)  # its runs before their first
+    (tmp_path / 'comparison_started' / 'gelu' / 'seed1340' / 'log.jsonl').write_text('')
     (tmp_path / 'diverged').mkdir()
     (tmp_path / 'diverged' / 'diverged.txt').write_text('the training loss became non-finite\n')
     with pytest.raises(SystemExit) as e:
@@ -354,8 +357,8 @@ def test_missing_checkpoint_is_one_line(tmp_path, capsys, folder):
                                              f"directory, e.g. {tmp_path}."]
         return
     assert e.value.code == 2 and len(err) == 1 and 'there is no checkpoint at' in err[0]
-    if folder == 'comparison':  # not "wait for that": its runs have theirs
-        assert err[0].endswith(f"give one of them, e.g. --out_dir={tmp_path / 'comparison' / 'gelu' / 'seed1340'}.")
+    if folder.startswith('comparison'):  # not "wait for that", nor "no run has started there": its runs below
+        assert err[0].endswith(f"give one of them, e.g. --out_dir={tmp_path / folder / 'gelu' / 'seed1340'}.")
         return
     runs = " (a comparison's runs are its OUT/[SIZE/]VARIANT/[lrRATE/]seedN, SIZE a ladder's)."
     hint = {'missing': 'no such folder; give the --out_dir of a run' + runs,
