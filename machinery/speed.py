@@ -10,10 +10,10 @@ import torch
 from machinery.cli import UserError
 from machinery.files import check_writable
 
-# dense tensor-core peaks per GPU, (bf16/fp16, float32: TF32 from the A100 on, plain FP32 before) FLOP/s, from
-# NVIDIA's datasheets (half their "with sparsity" figures), matched as whole words of torch.cuda.get_device_name in this
-# order: a model's variants before the model itself (whole words: the laptop "RTX A1000" is no A100). The V100 and T4
-# have no bfloat16: a run there is float16 (device.resolve_dtype).
+# dense tensor-core peaks per GPU in FLOP/s, (half: bf16/fp16, single: float32, TF32 from the A100 on, plain FP32
+# before), from NVIDIA's datasheets (half their "with sparsity" figures), matched as whole words of
+# torch.cuda.get_device_name in this order: a model's variants before the model itself (whole words: the laptop
+# "RTX A1000" is no A100). The V100 and T4 have no bfloat16: a run there is float16 (device.resolve_dtype).
 PEAK_FLOPS = [('GH200', 989e12, 494.5e12), ('H200 NVL', 835e12, 417.5e12), ('H200', 989e12, 494.5e12),
               ('H100 NVL', 835e12, 417.5e12), ('H100 PCIe', 756e12, 378e12), ('H100', 989e12, 494.5e12),
               ('A100', 312e12, 156e12), ('V100S', 130e12, 16.4e12), ('V100-PCIE', 112e12, 14e12),
@@ -33,7 +33,7 @@ def peak_flops(device_type, dtype, override):
     name = torch.cuda.get_device_name()
     if 'MIG' in name:  # a slice of the GPU named, with a fraction of its SMs: the whole GPU's peak would be wrong
         return None
-    return next(((low if dtype != 'float32' else tf32) for key, low, tf32 in PEAK_FLOPS
+    return next(((half if dtype != 'float32' else single) for key, half, single in PEAK_FLOPS
                  if re.search(rf'\b{key}\b', name)), None)
 
 

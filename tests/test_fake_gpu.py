@@ -206,7 +206,7 @@ def test_cores_are_the_machines_where_there_is_no_affinity_as_on_macos(monkeypat
     assert device.usable_cores() == 1
 
 
-@pytest.mark.parametrize('name, bf16, tf32', [
+@pytest.mark.parametrize('name, half, single', [
     ('NVIDIA H100 80GB HBM3', 989e12, 494.5e12),  # SXM
     ('NVIDIA H100 PCIe', 756e12, 378e12),
     ('NVIDIA H100 NVL', 835e12, 417.5e12),
@@ -222,12 +222,12 @@ def test_cores_are_the_machines_where_there_is_no_affinity_as_on_macos(monkeypat
     ('NVIDIA GeForce RTX 4090', None, None),  # not in the table: no MFU unless --peak_flops
     ('NVIDIA RTX A1000 Laptop GPU', None, None),  # no A100, though its name holds the letters
 ])
-def test_peak_flops_are_the_gpu_models_own_in_the_runs_precision(fake_gpu, name, bf16, tf32):
+def test_peak_flops_are_the_gpu_models_own_in_the_runs_precision(fake_gpu, name, half, single):
     fake_gpu(name=name)
     distributed.setup('cuda', 'float32')
-    assert speed.peak_flops('cuda', 'bfloat16', 0) == bf16
-    assert speed.peak_flops('cuda', 'float16', 0) == bf16
-    assert speed.peak_flops('cuda', 'float32', 0) == tf32  # float32 matmuls run in TF32 where the GPU has it
+    assert speed.peak_flops('cuda', 'bfloat16', 0) == half
+    assert speed.peak_flops('cuda', 'float16', 0) == half
+    assert speed.peak_flops('cuda', 'float32', 0) == single  # float32 matmuls run in TF32 where the GPU has it
     assert speed.peak_flops('cuda', 'float32', 123e12) == 123e12
     assert speed.peak_flops('cpu', 'float32', 0) is None
 
