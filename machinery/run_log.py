@@ -17,7 +17,7 @@ import torch
 
 from machinery.cli import RunStopped
 from machinery.checkpoint import CKPT, DIVERGED, LOG
-from machinery.files import append_lines, remove_dead_temps, write_text
+from machinery.files import append_lines, remove_dead_temps, write_file, write_text
 
 DIVERGED_HINT = 'lower learning_rate'  # a divergence's advice begins so (compare.py leaves it out of its line)
 PICTURES = ('acts.png', 'acts.json')  # a run's pictures (inspect_run.py's, a comparison's of its first seed)
@@ -91,11 +91,16 @@ def open_for_try(out_dir, saved_iter, saved_lines=0):
     if len(records) + len(damaged) < saved_lines:  # lost since: deleted, cut by hand
         print(f"warning: {path} holds {len(records)} of the {saved_lines} lines up to its checkpoint; the run goes on, "
               f"its log without the lost ones.", file=sys.stderr)
-    write_text(path, ''.join(json.dumps(r) + '\n' for r in records))
-    if saved_iter is None:
-        for name in (CKPT, *PICTURES):
+
+    def write(f):
+        f.write(''.join(json.dumps(r) + '\n' for r in records))
+        # a new run's old checkpoint goes once its log is written, before that log takes the old one's place: a kill
+        # in between leaves the old log without a checkpoint (train again), never the old checkpoint beside an empty
+        # log (a resume would continue the old run without its lines); a failed write leaves both
+        for name in (CKPT, *PICTURES) * (saved_iter is None):
             with suppress(OSError):  # none there; or a folder of that name, which is the user's, left as it is
                 os.remove(os.path.join(out_dir, name))
+    write_file(path, write)
     return len(records)
 
 

@@ -229,6 +229,31 @@ def test_an_overwrite_that_cannot_write_its_log_keeps_the_old_run_whole(shakespe
     same_log_and_weights(out, uninterrupted)
 
 
+def test_a_kill_as_an_overwrite_replaces_the_log_never_leaves_the_old_checkpoint_beside_the_new_log(
+        shakespeare_char_dir, tmp_path, monkeypatch, capsys, uninterrupted):
+    """--overwrite=True killed the moment its empty log has replaced the old run's: the old checkpoint is gone already,
+    so a resume refuses (train again) instead of continuing the old run with its log lines lost."""
+    out = str(tmp_path / 'run')
+    shutil.copytree(uninterrupted, out)
+    real_replace = os.replace
+
+    class Killed(BaseException):
+        pass
+
+    def replace(src, dst):
+        real_replace(src, dst)
+        if dst.endswith('log.jsonl'):
+            raise Killed
+
+    monkeypatch.setattr(file_safety.os, 'replace', replace)
+    with pytest.raises(Killed):
+        train.main(run_args(shakespeare_char_dir, out, '--max_iters=6', '--overwrite=True', '--seed=7'))
+    monkeypatch.undo()
+    assert os.path.getsize(os.path.join(out, 'log.jsonl')) == 0 and not os.path.exists(os.path.join(out, 'ckpt.pt'))
+    code, err = call(train.main, [f'--out_dir={out}', '--init_from=resume'], capsys)
+    assert_one_sentence(code, err, 2, 'no checkpoint', 'train it again')
+
+
 # ---- reports, pictures, records --------------------------------------------------------------------------------------
 
 
