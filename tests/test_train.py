@@ -295,7 +295,6 @@ def test_a_run_into_a_comparisons_folder_is_refused_before_its_pictures_go(tiny_
 def test_a_run_beside_a_comparisons_summary_resumes(tiny_run, tmp_path, capsys):
     """A summary.json beside a run (an older compare.py's, into the run's folder): a resume deletes no picture, so it
     goes on, and the pictures stay."""
-    import shutil
     data, out = tiny_run
     run_dir = str(tmp_path / 'run')
     shutil.copytree(out, run_dir)
